@@ -1,0 +1,32 @@
+# The two commands: `make serve` and `make test`. Both install into ./.venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: install system-deps serve test lint demo-model bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+# Debian packages the browser and Prometheus tests use (CI installs them; needs root or sudo).
+system-deps:
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null
+
+serve: install
+	$(VENV)/bin/pcgtts serve
+
+test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q -ra
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+demo-model: install
+	$(VENV)/bin/pcgtts recipe demo

@@ -1,0 +1,51 @@
+"""The codec contract: waveform <-> discrete speech codes, with a streaming decoder.
+
+A codec turns mono float32 audio at `sample_rate` into integer codes at `frame_rate` codes per second
+(one codebook), and back. Speech families map codes <-> LM token ids; the server only sees audio.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class StreamingDecoder(ABC):
+    """Decodes a growing code sequence chunk by chunk.
+
+    `push` takes the codes accepted since the last call and returns the audio that is final so far
+    (it may hold back a few frames of look-ahead so that chunk joins are seamless); `flush` returns the
+    rest. Concatenating all returned chunks equals `Codec.decode` of the whole sequence (up to float
+    rounding), whatever the chunking.
+    """
+
+    @abstractmethod
+    def push(self, codes: np.ndarray) -> np.ndarray:  # codes: int [n] -> float32 [samples]
+        ...
+
+    @abstractmethod
+    def flush(self) -> np.ndarray:  # float32 [samples]
+        ...
+
+
+class Codec(ABC):
+    sample_rate: int  # Hz of the audio `decode` returns and `encode` expects
+    frame_rate: int  # codes per second
+    codebook_size: int
+
+    @abstractmethod
+    def encode(self, audio: np.ndarray) -> np.ndarray:
+        """audio: float32 [samples] at `sample_rate` -> int64 codes [frames]."""
+
+    @abstractmethod
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """int codes [frames] -> float32 audio [frames * sample_rate / frame_rate]."""
+
+    @abstractmethod
+    def streaming_decoder(self) -> StreamingDecoder:
+        """A fresh per-utterance streaming decoder."""
+
+    def decode_batch(self, codes: list[np.ndarray]) -> list[np.ndarray]:
+        """Decode several utterances; codecs that can batch override this."""
+        return [self.decode(c) for c in codes]

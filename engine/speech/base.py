@@ -1,0 +1,62 @@
+"""The speech-family contract: how a speech-token LM's prompts, tokens and constraints look.
+
+A family knows its prompt format (text + optional voice prompt -> token ids), the mapping between LM
+token ids and codec codes, its end tokens, and any decode-time constraint. The engine is family-agnostic:
+it receives prompt ids, stop ids and an optional per-request `DecodeConstraint`, which it applies to the
+draft's and the target's logits identically before acceptance, so speculative decoding stays exact
+with respect to the constrained target.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class VoicePrompt:
+    """A reference clip as codec codes plus its transcript (the voice to clone)."""
+
+    codes: np.ndarray  # int [frames]
+    transcript: str
+
+
+class DecodeConstraint(ABC):
+    """A per-request, history-dependent transform of next-token logits.
+
+    `apply` receives the logits of several positions of ONE request and, for each, the tokens generated
+    before it (prompt excluded). It must be a pure function of (generated history, logits): the engine
+    calls it for the draft's proposals and for the target's γ+1 verification positions with the same
+    histories, and the result must not depend on which model produced the logits.
+    """
+
+    @abstractmethod
+    def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+        """logits: [n, V] float; histories: n generated-token lists -> constrained logits [n, V]."""
+
+
+@dataclass
+class SpeechPrompt:
+    token_ids: list[int]
+    stop_token_ids: list[int]
+    constraint: DecodeConstraint | None = None
+
+
+class SpeechFamily(ABC):
+    name: str
+
+    @abstractmethod
+    def build_prompt(self, text: str, voice: VoicePrompt | None) -> SpeechPrompt:
+        ...
+
+    @abstractmethod
+    def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Generated LM tokens -> codec codes, dropping non-speech tokens (markers, end tokens)."""
+
+    @abstractmethod
+    def codes_to_tokens(self, codes: np.ndarray) -> list[int]:
+        ...
