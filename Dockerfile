@@ -1,0 +1,31 @@
+# CPU image of the pcgtts server with the embedded demo model.
+# GPU: build with --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 and run with
+# PCGTTS_DEVICE=cuda on a host with the NVIDIA container toolkit.
+FROM python:3.11-slim-bookworm
+
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
+    PCGTTS_MODEL=/app/models/demo-en PCGTTS_DATA_DIR=/data PCGTTS_HOST=0.0.0.0 PCGTTS_PORT=8000
+
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libsndfile1 curl \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY asg_tables ./asg_tables
+COPY engine ./engine
+COPY server ./server
+COPY pcgtts ./pcgtts
+COPY bench ./bench
+COPY recipes ./recipes
+RUN pip install .
+COPY models ./models
+
+RUN useradd --create-home --uid 1000 pcgtts && mkdir -p /data && chown pcgtts /data
+USER pcgtts
+VOLUME ["/data"]
+EXPOSE 8000
+HEALTHCHECK --interval=15s --timeout=3s --start-period=60s CMD curl -fsS http://localhost:8000/ready || exit 1
+CMD ["pcgtts", "serve"]
