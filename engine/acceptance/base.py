@@ -1,0 +1,114 @@
+"""The rule interface and the batched bookkeeping every rule shares.
+
+Shapes: B sequences, γ draft tokens each, vocabulary V.
+  draft_tokens  Long[B, γ]      tokens the draft sampled, x_i ~ p_i
+  draft_probs   Float[B, γ, V]  p_i, already warped (see warp.py)
+  target_probs  Float[B, γ+1, V] q_i; the last position serves the bonus token
+Rows are processed together; the only Python loops are over small constants, never over the batch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from engine.acceptance.sampling import sample_rows, uniform
+from engine.acceptance.verdict import Verdict
+
+
+def check_shapes(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:
+    b, g = draft_tokens.shape
+    if draft_probs.shape[:2] != (b, g) or target_probs.shape[:2] != (b, g + 1):
+        raise ValueError(f"shape mismatch: draft_tokens {tuple(draft_tokens.shape)}, draft_probs "
+                         f"{tuple(draft_probs.shape)}, target_probs {tuple(target_probs.shape)}")
+    if draft_probs.shape[-1] != target_probs.shape[-1]:
+        raise ValueError("draft and target vocabularies differ")
+
+
+def token_probs(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """probs[b, i, tokens[b, i]] as float32: [B, γ]."""
+    return torch.gather(probs, -1, tokens.unsqueeze(-1)).squeeze(-1).float()
+
+
+def count_accepted(accept: torch.Tensor) -> torch.Tensor:
+    """Length of the accepted prefix of each row of Bool[B, γ] -> Long[B]."""
+    return torch.cumprod(accept.long(), dim=1).sum(dim=1)
+
+
+def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """probs[b, position[b], :] as float32 -> [B, V]."""
+    batch = torch.arange(probs.shape[0], device=probs.device)
+    return probs[batch, position].float()
+
+
+def draft_rows_or_zero(draft_probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """p at the emission position, zero where the position is γ (the bonus slot has no draft) -> [B, V]."""
+    g = draft_probs.shape[1]
+    rows = rows_at(draft_probs, position.clamp(max=g - 1))
+    return rows * (position < g).unsqueeze(-1)
+
+
+def assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, last_token: torch.Tensor,
+             accepted_groups: torch.Tensor | None = None, last_group: torch.Tensor | None = None) -> Verdict:
+    """Accepted prefix, then `last_token` at position num_accepted, -1 after it.
+
+    accepted_groups: Long[B, γ] labels of the draft positions; last_group: Long[B] label of the last token."""
+    b, g = draft_tokens.shape
+    positions = torch.arange(g + 1, device=draft_tokens.device)[None, :]  # [1, γ+1]
+    keep = positions < num_accepted[:, None]
+    at_last = positions == num_accepted[:, None]
+    pad = torch.full((b, 1), -1, dtype=torch.long, device=draft_tokens.device)
+    tokens = torch.cat([draft_tokens.long(), pad], dim=1)
+    tokens = torch.where(keep, tokens, torch.where(at_last, last_token.long()[:, None], -1))
+    groups = torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
+    if accepted_groups is not None:
+        groups = torch.where(keep, torch.cat([accepted_groups.long(), pad], dim=1), groups)
+    if last_group is not None:
+        groups = torch.where(at_last, last_group.long()[:, None], groups)
+    return Verdict(tokens=tokens, num_accepted=num_accepted, groups=groups)
+
+
+class AcceptanceRule(ABC):
+    """verify(draft_tokens, draft_probs, target_probs, generator) -> Verdict."""
+
+    name: str = ""
+
+    @abstractmethod
+    def verify(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+               generator: torch.Generator | None = None) -> Verdict:
+        ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+class TokenLevelRule(AcceptanceRule):
+    """Rules that test each draft token and, at the first rejection, draw one token from a residual.
+
+    Subclasses decide `accept` (which positions pass) and `recovery_subtrahend` (what is taken away from q
+    before the recovery draw). The bonus slot always samples q itself, since its subtrahend is zero."""
+
+    @abstractmethod
+    def accept(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+               u: torch.Tensor) -> torch.Tensor:
+        """Bool[B, γ] from uniforms u: Float64[B, γ]."""
+
+    def recovery_subtrahend(self, draft_rows: torch.Tensor, draft_token: torch.Tensor) -> torch.Tensor:
+        """What is subtracted from q at the emission position ([B, V]); by default p (the exact residual)."""
+        return draft_rows
+
+    def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
+        check_shapes(draft_tokens, draft_probs, target_probs)
+        b, g = draft_tokens.shape
+        u = uniform((b, g), generator, draft_probs.device)
+        num_accepted = count_accepted(self.accept(draft_tokens, draft_probs, target_probs, u))
+        q_rows = rows_at(target_probs, num_accepted)  # [B, V]
+        p_rows = draft_rows_or_zero(draft_probs, num_accepted)  # [B, V], zero on bonus rows
+        x = torch.gather(draft_tokens, 1, num_accepted.clamp(max=g - 1)[:, None]).squeeze(1)
+        residual = (q_rows - self.recovery_subtrahend(p_rows, x)).clamp_(min=0.0)
+        # A residual can vanish only where p == q, which rejects with probability 0; fall back to q there so
+        # the vectorised draw is always well defined.
+        empty = residual.sum(-1, keepdim=True) <= 0
+        residual = torch.where(empty, q_rows, residual)
+        return assemble(draft_tokens, num_accepted, sample_rows(residual, generator))

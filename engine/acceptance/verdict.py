@@ -1,0 +1,36 @@
+"""The result of verifying one speculation round for a batch of sequences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Verdict:
+    """What a rule decided for each of B sequences after one draft of γ tokens.
+
+    tokens:       Long[B, γ+1]  accepted draft tokens, then one recovered (after a rejection) or bonus (after
+                                 γ acceptances) token; the rest padded with -1.
+    num_accepted: Long[B]       accepted draft tokens, in [0, γ].
+    groups:       Long[B, γ+1]  PCG only: the group label K of each emitted token (the accepted label, or
+                                 the residual group after a rejection); -1 for the bonus token, for padding
+                                 and for other rules.
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+    groups: torch.Tensor
+
+    @property
+    def num_emitted(self) -> torch.Tensor:  # Long[B] in [1, γ+1]
+        return self.num_accepted + 1
+
+    @property
+    def num_speculative(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def accepted_mask(self) -> torch.Tensor:  # Bool[B, γ]: position i of row b was accepted
+        positions = torch.arange(self.num_speculative, device=self.tokens.device)
+        return positions[None, :] < self.num_accepted[:, None]
