@@ -20,8 +20,10 @@ from engine.acceptance.verdict import Verdict
 def check_shapes(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:
     b, g = draft_tokens.shape
     if draft_probs.shape[:2] != (b, g) or target_probs.shape[:2] != (b, g + 1):
-        raise ValueError(f"shape mismatch: draft_tokens {tuple(draft_tokens.shape)}, draft_probs "
-                         f"{tuple(draft_probs.shape)}, target_probs {tuple(target_probs.shape)}")
+        raise ValueError(
+            f"shape mismatch: draft_tokens {tuple(draft_tokens.shape)}, draft_probs "
+            f"{tuple(draft_probs.shape)}, target_probs {tuple(target_probs.shape)}"
+        )
     if draft_probs.shape[-1] != target_probs.shape[-1]:
         raise ValueError("draft and target vocabularies differ")
 
@@ -49,8 +51,13 @@ def draft_rows_or_zero(draft_probs: torch.Tensor, position: torch.Tensor) -> tor
     return rows * (position < g).unsqueeze(-1)
 
 
-def assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, last_token: torch.Tensor,
-             accepted_groups: torch.Tensor | None = None, last_group: torch.Tensor | None = None) -> Verdict:
+def assemble(
+    draft_tokens: torch.Tensor,
+    num_accepted: torch.Tensor,
+    last_token: torch.Tensor,
+    accepted_groups: torch.Tensor | None = None,
+    last_group: torch.Tensor | None = None,
+) -> Verdict:
     """Accepted prefix, then `last_token` at position num_accepted, -1 after it.
 
     accepted_groups: Long[B, γ] labels of the draft positions; last_group: Long[B] label of the last token."""
@@ -75,9 +82,13 @@ class AcceptanceRule(ABC):
     name: str = ""
 
     @abstractmethod
-    def verify(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-               generator: torch.Generator | None = None) -> Verdict:
-        ...
+    def verify(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> Verdict: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
@@ -90,8 +101,13 @@ class TokenLevelRule(AcceptanceRule):
     before the recovery draw). The bonus slot always samples q itself, since its subtrahend is zero."""
 
     @abstractmethod
-    def accept(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-               u: torch.Tensor) -> torch.Tensor:
+    def accept(
+        self,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        u: torch.Tensor,
+    ) -> torch.Tensor:
         """Bool[B, γ] from uniforms u: Float64[B, γ]."""
 
     def recovery_subtrahend(self, draft_rows: torch.Tensor, draft_token: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,13 @@ import torch
 from engine.acceptance.base import TokenLevelRule, token_probs
 
 
-def ratio_test(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-               u: torch.Tensor, bias: float = 0.0) -> torch.Tensor:
+def ratio_test(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    u: torch.Tensor,
+    bias: float = 0.0,
+) -> torch.Tensor:
     """Bool[B, γ]: u < min(1, q(x)/p(x)) + bias, written as (u - bias)·p(x) < q(x) (no division; a draft
     token with p(x) = 0 is accepted iff q(x) > 0)."""
     p_x = token_probs(draft_probs, draft_tokens).double()  # [B, γ]

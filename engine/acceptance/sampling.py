@@ -14,8 +14,9 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: t
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
 
 
-def sample_rows(weights: torch.Tensor, generator: torch.Generator | None,
-                u: torch.Tensor | None = None) -> torch.Tensor:
+def sample_rows(
+    weights: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None
+) -> torch.Tensor:
     """One index per row of unnormalised nonnegative `weights` [R, V] -> Long[R].
 
     Rows whose weights are all zero return index 0 (callers make sure this never matters)."""
@@ -27,8 +28,12 @@ def sample_rows(weights: torch.Tensor, generator: torch.Generator | None,
     return idx.clamp_(max=weights.shape[-1] - 1)
 
 
-def sample_segments(weights: torch.Tensor, indptr: torch.Tensor, generator: torch.Generator | None,
-                    u: torch.Tensor | None = None) -> torch.Tensor:
+def sample_segments(
+    weights: torch.Tensor,
+    indptr: torch.Tensor,
+    generator: torch.Generator | None,
+    u: torch.Tensor | None = None,
+) -> torch.Tensor:
     """One position per segment of a ragged array: segment r is weights[indptr[r]:indptr[r+1]].
 
     weights: [L] nonnegative; indptr: Long[R+1]; returns Long[R] absolute positions into `weights`.

@@ -34,8 +34,9 @@ def _per_row(value: Param, default: float, logits: torch.Tensor, dtype: torch.dt
     return t.reshape(t.shape[0], *([1] * (logits.dim() - 1))).expand(*logits.shape[:-1], 1)
 
 
-def logits_to_probs(logits: torch.Tensor, temperature: Param = 1.0, top_k: Param = 0,
-                    top_p: Param = 1.0) -> torch.Tensor:
+def logits_to_probs(
+    logits: torch.Tensor, temperature: Param = 1.0, top_k: Param = 0, top_p: Param = 1.0
+) -> torch.Tensor:
     """Float probabilities [..., V] from logits [..., V]; parameters are scalars or one value per row b.
 
     Computation is in float32 whatever the logits dtype."""

@@ -1,0 +1,124 @@
+"""PCG: Principled Coarse-Grained acceptance (arXiv 2511.13732, Algorithm 1) over an ASG table.
+
+Per draft position i (q = target, p = draft, equal-split weights w_{k,t} = 1/N(t)):
+  1. label K_i ~ w_{·,x_i} over the groups holding the draft token, so Pr(K_i = k) = P_c(G_k);
+  2. accept with min(1, Q_c(G_K)/P_c(G_K)), keeping x_i itself as the group's representative;
+  3. at the first rejection draw a group K' from R_c ∝ [Q_c - P_c]_+ and a token from the q-conditional
+     w_{K',t} q(t)/Q_c(G_K'). Thinning does both at once: y ~ q, K' ~ w_{·,y}, keep (y, K') with
+     probability 1 - P_c(G_K')/Q_c(G_K'). After `thinning_rounds` rounds of `thinning_trials` trials the
+     rows still unresolved are sampled exactly by enumerating Q_c, P_c with `ASGTable.coarse` (rare), so
+     the output is exact either way;
+  4. after γ acceptances the bonus token is a plain sample of q_{γ+1} (group label -1).
+The emitted label is distributed exactly as Q_c at every step; within a group the accepted token follows p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asg_tables.table import ASGTable
+from engine.acceptance.base import AcceptanceRule, assemble, check_shapes, count_accepted
+from engine.acceptance.sampling import sample_rows, sample_segments, uniform
+from engine.acceptance.verdict import Verdict
+
+
+class PCGRule(AcceptanceRule):
+    name = "pcg"
+
+    def __init__(self, table: ASGTable | str, thinning_trials: int = 8, thinning_rounds: int = 4):
+        self.table = ASGTable.load(table) if isinstance(table, str) else table
+        self.thinning_trials = int(thinning_trials)
+        self.thinning_rounds = int(thinning_rounds)
+        # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
+        self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
+
+    def _table_on(self, device: torch.device) -> ASGTable:
+        if self.table.device != device:
+            self.table = self.table.to(device)
+        return self.table
+
+    def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
+        check_shapes(draft_tokens, draft_probs, target_probs)
+        table = self._table_on(draft_probs.device)
+        if draft_probs.shape[-1] != table.vocab_size:
+            raise ValueError(f"probs over {draft_probs.shape[-1]} tokens, ASG table over {table.vocab_size}")
+        b, g = draft_tokens.shape
+        device = draft_probs.device
+        # 1-2. group labels and the coarse acceptance test, for all B·γ positions at once
+        u = uniform((2, b, g), generator, device)
+        labels = table.draw_label(draft_tokens, u[0])  # [B, γ]
+        bi = torch.arange(b, device=device).repeat_interleave(g)
+        pi = torch.arange(g, device=device).repeat(b)
+        p_c = table.group_mass(draft_probs, (bi, pi), labels.flatten()).view(b, g)
+        q_c = table.group_mass(target_probs, (bi, pi), labels.flatten()).view(b, g)
+        num_accepted = count_accepted(u[1] * p_c < q_c)  # u < Q_c/P_c
+
+        last_token = torch.empty(b, dtype=torch.long, device=device)
+        last_group = torch.full((b,), -1, dtype=torch.long, device=device)
+        # 4. bonus rows: plain target sample at position γ
+        bonus = torch.nonzero(num_accepted == g).flatten()
+        if bonus.numel():
+            last_token[bonus] = sample_rows(target_probs[bonus, g].float(), generator)
+        # 3. rejected rows: group residual at position num_accepted
+        rejected = torch.nonzero(num_accepted < g).flatten()
+        if rejected.numel():
+            pos = num_accepted[rejected]
+            tokens, groups = self._sample_group_residual(
+                table, draft_probs[rejected, pos].float(), target_probs[rejected, pos].float(), generator
+            )
+            last_token[rejected], last_group[rejected] = tokens, groups
+        return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+
+    def _sample_group_residual(
+        self, table: ASGTable, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token, group) per row of p, q [R, V]: group ~ norm[Q_c - P_c]_+, token ~ w_{K,t} q(t)/Q_c(G_K)."""
+        r, device = q.shape[0], q.device
+        self.stats["rejections"] += r
+        token = torch.full((r,), -1, dtype=torch.long, device=device)
+        group = torch.full((r,), -1, dtype=torch.long, device=device)
+        cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)  # [R, V], reused by every round
+        pending = torch.arange(r, device=device)
+        t = self.thinning_trials
+        for _ in range(self.thinning_rounds):
+            if pending.numel() == 0:
+                break
+            n = pending.numel()
+            self.stats["thinning_trials"] += n * t
+            u = uniform((3, n, t), generator, device)
+            row_cdf = cdf[pending]  # [n, V]
+            y = torch.searchsorted(row_cdf, u[0] * row_cdf[:, -1:], right=True).clamp_(max=q.shape[1] - 1)
+            k = table.draw_label(y, u[1])  # [n, T]
+            rows = pending.repeat_interleave(t)
+            q_c = table.group_mass(q, (rows,), k.flatten()).view(n, t)
+            p_c = table.group_mass(p, (rows,), k.flatten()).view(n, t)
+            ok = u[2] * q_c < q_c - p_c  # keep with probability [Q_c - P_c]_+ / Q_c
+            done = ok.any(dim=1)
+            first = ok.long().argmax(dim=1)  # first successful trial: trials are i.i.d., so this is exact
+            chosen = pending[done]
+            token[chosen] = y[done, first[done]]
+            group[chosen] = k[done, first[done]]
+            pending = pending[~done]
+        if pending.numel():
+            self.stats["fallback_rows"] += pending.numel()
+            token[pending], group[pending] = self._exact_group_residual(
+                table, p[pending], q[pending], generator
+            )
+        return token, group
+
+    @staticmethod
+    def _exact_group_residual(
+        table: ASGTable, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same draw by enumeration: O(nnz) per row, used only for rows thinning left unresolved."""
+        q_c, p_c = table.coarse(q.double()), table.coarse(p.double())  # [F, M]
+        residual = (q_c - p_c).clamp_(min=0.0)
+        # A zero residual means P_c == Q_c up to rounding, where rejection has probability ~0; drawing the
+        # label from Q_c keeps the draw defined.
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q_c)
+        group = sample_rows(residual, generator)  # [F]
+        seg, members = table.segments(group)
+        weights = q[seg, members].double() * table.inv_owners[members]
+        counts = torch.bincount(seg, minlength=group.shape[0])
+        indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        return members[sample_segments(weights, indptr, generator)], group
