@@ -1,0 +1,144 @@
+"""Incremental audio encoders: float32 chunks in, bytes of the target container out as they are ready.
+
+`make_encoder(fmt, sample_rate)` gives an `AudioEncoder`. Call `encode(chunk)` for every chunk and
+`finish()` once; each returns the bytes that can go to the client now. WAV uses one RIFF header whose
+size fields are 0xFFFFFFFF (the streaming convention OpenAI uses), unless the total length is known up
+front. mp3, Ogg Opus, AAC (ADTS) and FLAC come from the real ffmpeg encoders through PyAV, written to
+a non-seekable sink so that every muxed packet can leave at once.
+"""
+
+from __future__ import annotations
+
+import struct
+from abc import ABC, abstractmethod
+
+import av
+import numpy as np
+
+UNKNOWN_SIZE = 0xFFFFFFFF
+
+
+def float_to_pcm16(audio: np.ndarray) -> bytes:
+    """float32 [n] in [-1, 1] -> int16 little-endian bytes (clipped, rounded)."""
+    scaled = np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767.0
+    return np.rint(scaled).astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int, num_samples: int | None = None) -> bytes:
+    """A 44-byte RIFF/WAVE header for mono 16-bit PCM; unknown length -> 0xFFFFFFFF size fields."""
+    if num_samples is None:
+        riff_size = data_size = UNKNOWN_SIZE
+    else:
+        data_size = num_samples * 2
+        riff_size = 36 + data_size
+    return (b"RIFF" + struct.pack("<I", riff_size) + b"WAVE"
+            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", data_size))
+
+
+class AudioEncoder(ABC):
+    def __init__(self, sample_rate: int):
+        self.sample_rate = sample_rate
+
+    @abstractmethod
+    def encode(self, audio: np.ndarray) -> bytes:
+        """audio: float32 [n] at `sample_rate` -> bytes ready to send (possibly empty)."""
+
+    @abstractmethod
+    def finish(self) -> bytes:
+        """Flush the encoder; the returned bytes end the stream."""
+
+
+class PCMEncoder(AudioEncoder):
+    def encode(self, audio: np.ndarray) -> bytes:
+        return float_to_pcm16(audio)
+
+    def finish(self) -> bytes:
+        return b""
+
+
+class WavEncoder(AudioEncoder):
+    """One header, then raw PCM. `num_samples` known -> exact sizes, else the streaming 0xFFFFFFFF form."""
+
+    def __init__(self, sample_rate: int, num_samples: int | None = None):
+        super().__init__(sample_rate)
+        self._header: bytes | None = wav_header(sample_rate, num_samples)
+
+    def encode(self, audio: np.ndarray) -> bytes:
+        head, self._header = self._header or b"", None
+        return head + float_to_pcm16(audio)
+
+    def finish(self) -> bytes:
+        head, self._header = self._header or b"", None
+        return head  # an empty stream still gets its header
+
+
+class _Sink:
+    """A write-only, non-seekable file object collecting what the muxer writes."""
+
+    def __init__(self):
+        self._parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+# fmt -> (container, encoder, container options, codec options)
+_AV_SPECS: dict[str, tuple[str, str, dict[str, str], dict[str, str]]] = {
+    "mp3": ("mp3", "libmp3lame", {}, {}),
+    # Ogg pages are flushed every 20 ms instead of every second, so Opus streams without stalling.
+    "opus": ("ogg", "libopus", {"page_duration": "20000"}, {}),
+    "aac": ("adts", "aac", {}, {}),
+    "flac": ("flac", "flac", {}, {}),
+}
+_BIT_RATES = {"mp3": 64_000, "opus": 32_000, "aac": 64_000}
+
+
+class PyAVEncoder(AudioEncoder):
+    def __init__(self, fmt: str, sample_rate: int):
+        super().__init__(sample_rate)
+        container, codec, container_opts, codec_opts = _AV_SPECS[fmt]
+        self._sink = _Sink()
+        self._container = av.open(self._sink, mode="w", format=container, options=container_opts)
+        self._stream = self._container.add_stream(codec, rate=sample_rate, options=codec_opts)
+        self._stream.layout = "mono"
+        if fmt in _BIT_RATES:
+            self._stream.bit_rate = _BIT_RATES[fmt]
+        self._pts = 0
+        self._closed = False
+
+    def encode(self, audio: np.ndarray) -> bytes:
+        audio = np.ascontiguousarray(audio, dtype=np.float32)
+        if audio.size:
+            frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
+            frame.sample_rate = self.sample_rate
+            frame.pts = self._pts
+            self._pts += audio.size
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        return self._sink.take()
+
+    def finish(self) -> bytes:
+        if not self._closed:
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+            self._container.close()
+            self._closed = True
+        return self._sink.take()
+
+
+def make_encoder(fmt: str, sample_rate: int, *, num_samples: int | None = None) -> AudioEncoder:
+    """An encoder for one response. `num_samples` (known length) only matters for WAV's header."""
+    if fmt == "pcm":
+        return PCMEncoder(sample_rate)
+    if fmt == "wav":
+        return WavEncoder(sample_rate, num_samples)
+    if fmt in _AV_SPECS:
+        return PyAVEncoder(fmt, sample_rate)
+    raise ValueError(f"unknown audio format {fmt!r}")

@@ -1,0 +1,31 @@
+"""`pcgtts serve`: run the HTTP server (every flag also reads a PCGTTS_* environment variable)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from server.settings import add_arguments, settings_from
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="serve the OpenAI-compatible speech API (default: the embedded model on :8000)",
+        description="Serve /v1/audio/speech, voices, the WebSocket stream, /metrics and the playground. "
+                    "Flags override PCGTTS_* environment variables, which override the defaults.")
+    add_arguments(parser)
+    parser.set_defaults(func=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import create_app
+
+    settings = settings_from(args)
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=5)
+    return 0

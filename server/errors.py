@@ -1,0 +1,126 @@
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with a fitting HTTP status.
+
+Route code raises `APIError` (or one of the helpers); the handlers installed by `install_error_handlers`
+turn it, pydantic validation failures and unexpected exceptions into that shape, so that the official
+`openai` client raises its matching exception class (BadRequestError, NotFoundError, RateLimitError, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("pcgtts.server")
+
+# HTTP status -> OpenAI error `type`.
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+# pydantic error type -> OpenAI-style `code` (the ones a client is likely to branch on).
+_CODE_BY_PYDANTIC_TYPE = {
+    "missing": "missing_required_parameter",
+    "extra_forbidden": "unknown_parameter",
+    "string_too_long": "string_above_max_length",
+    "string_too_short": "string_below_min_length",
+    "literal_error": "invalid_value",
+    "enum": "invalid_value",
+    "greater_than_equal": "decimal_below_min_value",
+    "greater_than": "decimal_below_min_value",
+    "less_than_equal": "decimal_above_max_value",
+    "less_than": "decimal_above_max_value",
+    "json_invalid": "invalid_json",
+}
+
+
+class APIError(Exception):
+    """An error the client caused or should know about; rendered in OpenAI's shape."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPE_BY_STATUS.get(status, "server_error")
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, *, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def not_found(message: str, *, param: str | None = None, code: str = "not_found") -> APIError:
+    return APIError(404, message, param=param, code=code)
+
+
+def not_ready() -> APIError:
+    return APIError(503, "The model is still loading; retry shortly (GET /ready turns 200 when it is up).",
+                    code="model_not_ready", headers={"Retry-After": "2"})
+
+
+def _param_of(loc: tuple) -> str | None:
+    """('body', 'voice', 'id') -> 'voice.id'; drops pydantic's union-branch names like 'str' or 'VoiceId'."""
+    parts = [str(p) for p in loc[1:] if not (isinstance(p, str) and p[:1].isupper())]
+    parts = [p for p in parts if p not in ("str", "int", "float", "function-after[...]")]
+    return ".".join(parts) or None
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
+    param = _param_of(tuple(first.get("loc", ())))
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "extra_forbidden":
+        msg = f"Unrecognized request argument supplied: {param}"
+    elif first.get("type") == "json_invalid":
+        msg = "We could not parse the JSON body of your request."
+        param = None
+    elif param:
+        msg = f"Invalid value for '{param}': {msg}"
+    return APIError(400, msg, param=param, code=_CODE_BY_PYDANTIC_TYPE.get(first.get("type"), "invalid_value"))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        err = validation_error(exc)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status = exc.status_code
+        body = error_body(str(exc.detail), _TYPE_BY_STATUS.get(status, "server_error"), None,
+                          {404: "not_found", 405: "method_not_allowed"}.get(status))
+        return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse(error_body(f"Internal server error: {type(exc).__name__}", "server_error", None,
+                                       "internal_error"), status_code=500)

@@ -1,0 +1,138 @@
+"""POST /v1/audio/speech: OpenAI's speech endpoint, streamed as audio bytes or as SSE events."""
+
+from __future__ import annotations
+
+import base64
+import time
+from contextlib import aclosing
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from server.audio.formats import content_type
+from server.audio.pipeline import OutputPipeline, encode_whole
+from server.errors import APIError
+from server.schemas import ErrorResponse, SpeechRequest, VoiceId
+from server.state import get_state
+from server.streaming import (
+    AbortingStreamingResponse,
+    ClientGone,
+    SpeechRun,
+    chunks_after,
+    close_quietly,
+    next_or_gone,
+    open_synthesis,
+    sse_event,
+    synthesis_options,
+    usage_of,
+)
+
+router = APIRouter(tags=["speech"])
+
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 429, 500, 503)}
+_AUDIO_CONTENT = {"content": {
+    "audio/mpeg": {}, "audio/opus": {}, "audio/aac": {}, "audio/flac": {}, "audio/wav": {}, "audio/pcm": {},
+    "text/event-stream": {"example": 'data: {"type":"speech.audio.delta","audio":"<base64>"}\n\n'},
+}, "description": "The audio (chunked), or SSE events when stream_format is 'sse'."}
+_STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@router.post("/v1/audio/speech", response_class=Response, responses={200: _AUDIO_CONTENT, **_ERRORS},
+             summary="Generate speech (OpenAI-compatible), streamed")
+async def create_speech(body: SpeechRequest, request: Request) -> Response:
+    """Streams audio as soon as the first chunk is decoded (`stream_format: "audio"`, the default), or
+    `speech.audio.delta` / `speech.audio.done` SSE events (`stream_format: "sse"`). Every format is
+    mono at 24 kHz; `pcm` is raw 16-bit little-endian. `stream: false` returns the whole file at once."""
+    received = time.perf_counter()
+    state = get_state(request)
+    service, resolver = state.require_ready()
+    voice_arg = {"id": body.voice.id} if isinstance(body.voice, VoiceId) else body.voice
+    voice, _ = await resolver.resolve(voice_arg, body.ref_audio, body.ref_text)
+    sse = body.stream_format == "sse"
+    streamed = body.stream or sse
+    run = SpeechRun(state.metrics, body.response_format, "sse" if sse else "audio" if streamed else "full",
+                    received)
+    synth = open_synthesis(service, body.input, voice, synthesis_options(body, streaming=streamed))
+    try:
+        first = await next_or_gone(synth, request)  # errors (429, ...) still get a proper status
+    except ClientGone:
+        run.finish(synth, "aborted", 0.0)
+        return Response(status_code=499)
+    except APIError:
+        run.finish(synth, "error", 0.0)
+        raise
+
+    if not streamed:
+        return await _whole(body, request, synth, first, run, service.sample_rate)
+    pipeline = OutputPipeline(body.response_format, service.sample_rate, speed=body.speed)
+    if sse:
+        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run), media_type="text/event-stream",
+                                         headers=_STREAM_HEADERS)
+    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run),
+                                     media_type=content_type(body.response_format), headers=_STREAM_HEADERS)
+
+
+async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
+    status = "aborted"
+    try:
+        async with aclosing(chunks_after(first, synth)) as chunks:
+            async for chunk in chunks:
+                before = pipeline.audio_seconds
+                data = pipeline.process(chunk)
+                if data:
+                    run.sent_audio(pipeline.audio_seconds - before)
+                    yield data
+        data = pipeline.finish()
+        run.sent_audio(0.0)
+        yield data
+        status = "ok"
+    except Exception:
+        status = "error"
+        raise
+    finally:
+        await close_quietly(synth)
+        run.finish(synth, status, pipeline.audio_seconds)
+
+
+async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
+    status = "aborted"
+    try:
+        async with aclosing(chunks_after(first, synth)) as chunks:
+            async for chunk in chunks:
+                before = pipeline.audio_seconds
+                data = pipeline.process(chunk)
+                if data:
+                    run.sent_audio(pipeline.audio_seconds - before)
+                    yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        if data := pipeline.finish():
+            yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        yield sse_event({"type": "speech.audio.done", "usage": usage_of(synth)})
+        status = "ok"
+    except Exception as exc:  # headers are gone: report in-band, like vLLM-Omni's terminal error event
+        status = "error"
+        yield sse_event({"type": "speech.audio.error", "error": {
+            "message": f"synthesis failed: {type(exc).__name__}", "type": "server_error", "param": None,
+            "code": "internal_error"}})
+    finally:
+        await close_quietly(synth)
+        run.finish(synth, status, pipeline.audio_seconds)
+
+
+async def _whole(body: SpeechRequest, request: Request, synth, first, run: SpeechRun, rate: int) -> Response:
+    """stream=false: wait for the whole utterance (each sentence decoded in one pass), send it at once."""
+    parts = [] if first is None else [first]
+    try:
+        while (chunk := await next_or_gone(synth, request)) is not None:
+            parts.append(chunk)
+    except ClientGone:
+        run.finish(synth, "aborted", 0.0)
+        return Response(status_code=499)
+    audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    data = encode_whole(body.response_format, audio, rate, speed=body.speed)
+    seconds = audio.size / rate / body.speed
+    run.sent_audio(0.0)
+    run.finish(synth, "ok", seconds)
+    usage = usage_of(synth)
+    headers = {f"x-pcgtts-{k.replace('_', '-')}": str(v) for k, v in usage.items()}
+    return Response(data, media_type=content_type(body.response_format), headers=headers)

@@ -1,0 +1,42 @@
+"""Liveness, readiness, model listing and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from server.schemas import ModelCard, ModelList
+from server.state import get_state
+
+router = APIRouter(tags=["system"])
+
+
+@router.get("/health", summary="Liveness")
+async def health() -> dict:
+    """200 while the process serves HTTP, also during model loading."""
+    return {"status": "ok"}
+
+
+@router.get("/ready", summary="Readiness", responses={503: {"description": "model not loaded (yet)"}})
+async def ready(request: Request) -> JSONResponse:
+    """200 once the model is loaded and requests can be served; 503 before (or if loading failed)."""
+    state = get_state(request)
+    if state.service is not None:
+        return JSONResponse({"status": "ready", "model": state.service.model_id})
+    body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
+    return JSONResponse(body, status_code=503)
+
+
+@router.get("/v1/models", response_model=ModelList, summary="List models")
+async def list_models(request: Request) -> ModelList:
+    """The served model; `pcgtts` describes what requests may choose (acceptance rules, ASG table)."""
+    state = get_state(request)
+    details = state.service.capabilities() if state.service is not None else None
+    return ModelList(data=[ModelCard(id=state.model_name, created=state.started_at, pcgtts=details)])
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(request: Request) -> Response:
+    return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

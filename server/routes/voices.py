@@ -1,0 +1,112 @@
+"""Voices: upload a reference clip + transcript once, then use it by name or {"id": ...}.
+
+POST /v1/audio/voices (multipart, OpenAI's `audio_sample` + `name`, plus `transcript`), GET (list, parsed by
+OpenAI-list and Kokoro-style clients), GET/DELETE /v1/audio/voices/{id}. Presets of the model are listed
+too and cannot be deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from fastapi import APIRouter, File, Form, Request, UploadFile
+
+from server.errors import APIError, bad_request, not_found
+from server.schemas import ErrorResponse, VoiceDeleted, VoiceList, VoiceResource
+from server.state import AppState, get_state
+from server.voice_store import StoredVoice, VoiceExistsError
+
+router = APIRouter(tags=["voices"])
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 503)}
+_NAME = re.compile(r"^[\w][\w .'-]{0,63}$")
+
+
+def _uploaded(v: StoredVoice) -> VoiceResource:
+    return VoiceResource(id=v.id, name=v.name, created_at=v.created_at, kind="uploaded",
+                         transcript=v.transcript, duration=v.duration)
+
+
+def _presets(state: AppState) -> list[VoiceResource]:
+    if state.resolver is None:
+        return []
+    return [VoiceResource(id=name, name=name, kind="preset", transcript=prompt.transcript or None)
+            for name, prompt in state.service.preset_voices().items()]
+
+
+@router.get("/v1/audio/voices", response_model=VoiceList, responses=_ERRORS, summary="List voices")
+async def list_voices(request: Request) -> VoiceList:
+    """Presets of the served model first, then uploaded voices. `data` holds OpenAI-style voice objects,
+    `voices` the plain names (the Kokoro-FastAPI shape)."""
+    state = get_state(request)
+    data = _presets(state) + [_uploaded(v) for v in state.store.list()]
+    return VoiceList(data=data, voices=[v.name for v in data])
+
+
+@router.post("/v1/audio/voices", response_model=VoiceResource, status_code=201, responses=_ERRORS,
+             summary="Upload a voice")
+async def create_voice(
+    request: Request,
+    name: str = Form(..., description="Unique name, used as `voice` in speech requests."),
+    audio_sample: UploadFile = File(..., description="Reference clip: WAV, FLAC, MP3 or OGG, 1-30 s."),
+    transcript: str | None = Form(None, description="What the clip says (needed to clone the voice)."),
+    ref_text: str | None = Form(None, description="Alias of `transcript` (vLLM-Omni)."),
+    consent: str | None = Form(None, description="OpenAI's consent id; stored, not checked."),
+) -> VoiceResource:
+    state = get_state(request)
+    service, resolver = state.require_ready()
+    name = name.strip()
+    if not _NAME.match(name):
+        raise bad_request("name must be 1-64 letters, digits, spaces, '_', '.', \"'\" or '-'.", param="name")
+    if name in service.preset_voices():
+        raise APIError(409, f"{name!r} is a preset voice name.", param="name", code="voice_exists")
+    text = (transcript or ref_text or "").strip()
+    if not text:
+        raise bad_request("transcript (what the clip says) is required.", param="transcript",
+                          code="missing_required_parameter")
+    if len(text) > 2000:
+        raise bad_request("transcript is longer than 2000 characters.", param="transcript",
+                          code="string_above_max_length")
+    if state.store.count() >= state.settings.max_voices:
+        raise APIError(409, f"The server keeps at most {state.settings.max_voices} voices; delete one first.",
+                       code="too_many_voices")
+    data = await audio_sample.read(state.limits.max_upload_bytes + 1)
+    audio = await asyncio.to_thread(state.limits.decode, data, "audio_sample")
+    prompt = await asyncio.to_thread(service.encode_voice, audio.samples, audio.sample_rate, text)
+    try:
+        voice = await asyncio.to_thread(state.store.create, name, text, audio.samples, audio.sample_rate, consent)
+    except VoiceExistsError as exc:
+        raise APIError(409, f"A voice named {name!r} exists already.", param="name", code="voice_exists") from exc
+    await asyncio.to_thread(state.store.save_codes, voice.id, service.codec_key, prompt.codes)
+    return _uploaded(voice)
+
+
+def _find(state: AppState, voice_id: str) -> StoredVoice:
+    voice = state.store.find(voice_id)
+    if voice is None:
+        raise not_found(f"No uploaded voice {voice_id!r}.", param="voice_id", code="voice_not_found")
+    return voice
+
+
+@router.get("/v1/audio/voices/{voice_id}", response_model=VoiceResource, responses=_ERRORS,
+            summary="Get one voice")
+async def get_voice(voice_id: str, request: Request) -> VoiceResource:
+    state = get_state(request)
+    for preset in _presets(state):
+        if preset.id == voice_id:
+            return preset
+    return _uploaded(_find(state, voice_id))
+
+
+@router.delete("/v1/audio/voices/{voice_id}", response_model=VoiceDeleted, responses=_ERRORS,
+               summary="Delete an uploaded voice")
+async def delete_voice(voice_id: str, request: Request) -> VoiceDeleted:
+    """Accepts the voice's id or name."""
+    state = get_state(request)
+    if any(p.id == voice_id for p in _presets(state)):
+        raise bad_request(f"{voice_id!r} is a preset of the model and cannot be deleted.", param="voice_id")
+    voice = _find(state, voice_id)
+    await asyncio.to_thread(state.store.delete, voice.id)
+    if state.resolver is not None:
+        state.resolver.forget(voice.id)
+    return VoiceDeleted(id=voice.id)

@@ -1,0 +1,115 @@
+"""Request and response bodies of the HTTP API (pydantic), OpenAI's fields first, then our extensions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from server.audio.formats import ResponseFormat
+
+MAX_INPUT_CHARS = 4096
+
+
+class VoiceId(BaseModel):
+    """OpenAI's custom-voice form `{"id": "voice_..."}`; a preset name is accepted too."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1, max_length=128)
+
+
+class SamplingFields(BaseModel):
+    """Extensions shared by the HTTP body and the WebSocket session config. None = server default."""
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy.")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int | None = Field(None, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    repetition_penalty: float | None = Field(None, gt=0.0, le=3.0)
+    seed: int | None = Field(None, ge=0, lt=2**63, description="Seed for reproducible sampling.")
+    max_tokens: int | None = Field(None, ge=1, description="Cap on generated speech tokens per sentence.")
+    acceptance: str | None = Field(
+        None, description="Speculative acceptance rule for this request (A/B tests): one the server "
+                          "lists in GET /v1/models under `pcgtts.acceptance_rules`.")
+    num_speculative_tokens: int | None = Field(
+        None, ge=0, le=16, description="Draft length γ for this request, when the engine allows it.")
+    asg_table: str | None = Field(
+        None, description="Name of a loaded ASG table (θ choice) for PCG, see GET /v1/models.")
+    ref_audio: str | None = Field(
+        None, description="Inline speaker prompt: reference audio as base64 or a `data:audio/...;base64,` URL "
+                          "(WAV/FLAC/MP3/OGG). Overrides `voice`.")
+    ref_text: str | None = Field(None, max_length=2000, description="Transcript of `ref_audio`.")
+
+
+class SpeechRequest(SamplingFields):
+    """Body of POST /v1/audio/speech."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("pcgtts", max_length=256, description="Any model name; all map to the served model.")
+    input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS, description="Text to speak.")
+    voice: str | VoiceId | None = Field(
+        None, description="A voice name (preset, uploaded, or an OpenAI built-in name mapped to a preset) "
+                          "or {\"id\": ...} of an uploaded voice. Default: the model's first preset.")
+    instructions: str | None = Field(
+        None, max_length=MAX_INPUT_CHARS, description="Accepted for compatibility; this model ignores it.")
+    response_format: ResponseFormat = "mp3"
+    speed: float = Field(1.0, ge=0.25, le=4.0, description="Playback speed, pitch preserved.")
+    stream_format: Literal["audio", "sse"] = "audio"
+    stream: bool = Field(
+        True, description="Extension: false waits for the whole utterance and sends it with Content-Length.")
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class VoiceResource(BaseModel):
+    """One voice in GET /v1/audio/voices; OpenAI's `audio.voice` object plus a few fields."""
+
+    object: Literal["audio.voice"] = "audio.voice"
+    id: str
+    name: str
+    created_at: int | None = None
+    kind: Literal["preset", "uploaded"]
+    transcript: str | None = None
+    duration: float | None = None
+
+
+class VoiceList(BaseModel):
+    """Parsed by OpenAI-list clients (`data`) and Kokoro-style clients (`voices`, a list of names)."""
+
+    object: Literal["list"] = "list"
+    data: list[VoiceResource]
+    voices: list[str]
+
+
+class VoiceDeleted(BaseModel):
+    id: str
+    object: Literal["audio.voice.deleted"] = "audio.voice.deleted"
+    deleted: bool = True
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "pcgtts"
+    pcgtts: dict | None = Field(None, description="Serving details: sample rate, acceptance rules, ASG tables.")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

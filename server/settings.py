@@ -1,0 +1,91 @@
+"""Server configuration: one table of options, each settable by CLI flag or PCGTTS_* environment variable.
+
+Precedence: CLI flag > environment variable > default. `pcgtts serve` with no arguments serves the
+embedded model on 127.0.0.1:8000 (containers set PCGTTS_HOST=0.0.0.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "pcgtts"
+
+
+def _opt(default=None, help: str = "", factory=None):
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ServerSettings:
+    # Each option is also read from PCGTTS_<NAME>; `model=None` serves the embedded demo model.
+    model: str | None = _opt(None, "model bundle or Llasa checkpoint directory (default: models/demo-en)")
+    codec: str | None = _opt(None, "codec directory (overrides the bundle's)")
+    draft: str | None = _opt(None, "draft model directory (overrides the bundle's)")
+    host: str = _opt("127.0.0.1", "address to listen on")
+    port: int = _opt(8000, "TCP port")
+    device: str = _opt("cpu", "cpu | cuda | cuda:N")
+    acceptance: str = _opt("pcg", "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
+    num_speculative_tokens: int = _opt(3, "draft length γ (0 = target only)")
+    asg_table: str | None = _opt(None, "ASG table file (the θ choice) for pcg/lantern; default: the bundle's")
+    kv_budget_tokens: int | None = _opt(None, "KV-cache capacity in tokens per model")
+    max_num_seqs: int = _opt(16, "sequences decoded together per engine step")
+    max_waiting: int = _opt(64, "queued requests before new ones get HTTP 429")
+    max_tokens: int = _opt(1000, "default cap on speech tokens per sentence")
+    data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",
+                         factory=lambda: str(_default_data_dir()))
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on /v1/*")
+    max_upload_mb: float = _opt(10.0, "largest voice upload / inline ref_audio, MiB")
+    max_voices: int = _opt(1000, "most uploaded voices kept")
+    min_voice_seconds: float = _opt(1.0, "shortest reference clip accepted")
+    max_voice_seconds: float = _opt(30.0, "longest reference clip accepted")
+    cors_origins: str | None = _opt(None, "comma-separated origins allowed by CORS")
+    log_level: str = _opt("info", "uvicorn log level")
+
+    @property
+    def voices_dir(self) -> Path:
+        return Path(self.data_dir) / "voices"
+
+    @property
+    def max_upload_bytes(self) -> int:
+        return int(self.max_upload_mb * MiB)
+
+
+def env_name(name: str) -> str:
+    return "PCGTTS_" + name.upper()
+
+
+def _field_type(f) -> type:
+    # Annotations are strings under `from __future__ import annotations`; the first type in them decides.
+    text = f.type if isinstance(f.type, str) else f.type.__name__
+    return {"int": int, "float": float}.get(text.split(" ")[0].split("|")[0].strip(), str)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in fields(ServerSettings):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        shown = "" if default is None else f", default {default}"
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_field_type(f), default=None,
+                            help=f"{f.metadata['help']} (env {env_name(f.name)}{shown})")
+
+
+def settings_from(args: argparse.Namespace | None = None,
+                  environ: dict[str, str] | None = None) -> ServerSettings:
+    environ = os.environ if environ is None else environ
+    values = {}
+    for f in fields(ServerSettings):
+        cli = getattr(args, f.name, None) if args is not None else None
+        if cli is not None:
+            values[f.name] = cli
+        elif (env := environ.get(env_name(f.name))) not in (None, ""):
+            values[f.name] = _field_type(f)(env)
+    return ServerSettings(**values)

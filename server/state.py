@@ -1,0 +1,102 @@
+"""What the routes share: settings, the TTS service once loaded, the voice store, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+
+from fastapi import Request, WebSocket
+
+from engine.tts import TTSConfig, TTSService
+from server.errors import APIError, not_ready
+from server.metrics import ServerMetrics
+from server.settings import ServerSettings
+from server.voice_store import VoiceStore
+from server.voices import VoiceLimits, VoiceResolver
+
+log = logging.getLogger("pcgtts.server")
+
+
+def tts_config(settings: ServerSettings) -> TTSConfig:
+    base = TTSConfig()
+    return TTSConfig(
+        model_dir=settings.model or base.model_dir, codec_dir=settings.codec, draft_dir=settings.draft,
+        device=settings.device, acceptance=settings.acceptance,
+        num_speculative_tokens=settings.num_speculative_tokens, asg_table=settings.asg_table,
+        kv_budget_tokens=settings.kv_budget_tokens, max_num_seqs=settings.max_num_seqs,
+        max_waiting=settings.max_waiting, max_tokens=settings.max_tokens)
+
+
+class AppState:
+    def __init__(self, settings: ServerSettings, service: TTSService | None = None):
+        self.settings = settings
+        self.started_at = int(time.time())
+        self.model_name = Path(settings.model).name if settings.model else Path(TTSConfig().model_dir).name
+        self.store = VoiceStore(settings.voices_dir)
+        self.limits = VoiceLimits(settings.max_upload_bytes, settings.min_voice_seconds,
+                                  settings.max_voice_seconds)
+        self.metrics = ServerMetrics(self.model_name, self._engine_stats)
+        self.service: TTSService | None = None
+        self.resolver: VoiceResolver | None = None
+        self.load_error: str | None = None
+        self._owns_service = service is None
+        self._loader: threading.Thread | None = None
+        if service is not None:
+            self._attach(service)
+
+    def _attach(self, service: TTSService) -> None:
+        self.resolver = VoiceResolver(service, self.store, self.limits)
+        self.service = service
+
+    def _engine_stats(self):
+        return self.service.engine_stats() if self.service is not None else None
+
+    def start_loading(self) -> None:
+        """Loads the model in a thread so /health answers (and /ready says 503) meanwhile."""
+        if self.service is not None:
+            return
+
+        def load() -> None:
+            try:
+                started = time.perf_counter()
+                service = TTSService.load(tts_config(self.settings))
+                self._attach(service)
+                log.info("model %s ready in %.1f s (%d preset voices)", service.model_id,
+                         time.perf_counter() - started, len(service.preset_voices()))
+            except Exception as exc:  # reported by /ready
+                log.exception("model failed to load")
+                self.load_error = f"{type(exc).__name__}: {exc}"
+
+        self._loader = threading.Thread(target=load, name="pcgtts-load", daemon=True)
+        self._loader.start()
+
+    async def wait_loaded(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.service is None and self.load_error is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.service is not None
+
+    def require_ready(self) -> tuple[TTSService, VoiceResolver]:
+        if self.service is None or self.resolver is None:
+            if self.load_error:
+                raise APIError(503, f"The model failed to load: {self.load_error}", code="model_load_failed")
+            raise not_ready()
+        return self.service, self.resolver
+
+    def close(self) -> None:
+        if self._loader is not None:
+            self._loader.join()
+        if self.service is not None and self._owns_service:
+            self.service.close()
+        self.store.close()
+
+
+def get_state(request: Request) -> AppState:
+    return request.app.state.pcgtts
+
+
+def get_ws_state(websocket: WebSocket) -> AppState:
+    return websocket.app.state.pcgtts

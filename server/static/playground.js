@@ -1,0 +1,206 @@
+// pcgtts playground: WebSocket streaming + gapless Web Audio playback. No build step, no dependencies.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+// Everything a test (or a curious user in the console) may want to read.
+const stats = window.playground = {
+  status: "idle", receivedSamples: 0, scheduledSamples: 0, audioSeconds: 0, ttfaMs: null,
+  acceptanceRate: null, tokens: 0, underruns: 0, utterancesDone: 0, sampleRate: null, errors: [],
+};
+
+function apiKey() { return $("api-key").value.trim(); }
+function authHeaders() { return apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {}; }
+
+function setStatus(text) { stats.status = text; $("status").textContent = text; }
+
+async function errorText(response) {
+  try { return (await response.json()).error.message; } catch (_) { return `HTTP ${response.status}`; }
+}
+
+// ---------------------------------------------------------------------------------------------- voices
+async function loadVoices(select) {
+  const response = await fetch("/v1/audio/voices", { headers: authHeaders() });
+  if (!response.ok) { setStatus(`voices: ${await errorText(response)}`); return; }
+  const body = await response.json();
+  const box = $("voice");
+  box.replaceChildren();
+  for (const v of body.data) {
+    const option = new Option(v.kind === "preset" ? v.name : `${v.name} (uploaded)`, v.id);
+    option.dataset.kind = v.kind;
+    box.append(option);
+  }
+  if (select) box.value = select;
+}
+
+async function loadRules() {
+  const response = await fetch("/v1/models", { headers: authHeaders() });
+  if (!response.ok) return;
+  const model = (await response.json()).data[0];
+  for (const rule of (model.pcgtts && model.pcgtts.acceptance_rules) || []) {
+    $("acceptance").append(new Option(rule, rule));
+  }
+}
+
+$("upload").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const form = new FormData($("upload"));
+  $("upload-status").textContent = "uploading…";
+  const response = await fetch("/v1/audio/voices", { method: "POST", body: form, headers: authHeaders() });
+  if (!response.ok) { $("upload-status").textContent = await errorText(response); return; }
+  const voice = await response.json();
+  $("upload-status").textContent = `uploaded “${voice.name}”`;
+  await loadVoices(voice.id);
+});
+
+// ---------------------------------------------------------------------------------------------- player
+// Chunks are scheduled back to back on the AudioContext clock, so consecutive chunks join sample-exactly.
+// The context runs at the stream's rate (the server resamples), so the browser never resamples a chunk.
+class PcmPlayer {
+  constructor() {
+    try { this.ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" }); }
+    catch (_) { this.ctx = new AudioContext(); }
+    this.next = 0;
+    this.sources = new Set();
+  }
+
+  get rate() { return this.ctx.sampleRate; }
+
+  push(buffer) {
+    const pcm = new Int16Array(buffer);
+    if (!pcm.length) return;
+    const floats = new Float32Array(pcm.length);
+    for (let i = 0; i < pcm.length; i++) floats[i] = pcm[i] / 32768;
+    const audio = this.ctx.createBuffer(1, floats.length, this.rate);
+    audio.copyToChannel(floats, 0);
+    const source = this.ctx.createBufferSource();
+    source.buffer = audio;
+    source.connect(this.ctx.destination);
+    const now = this.ctx.currentTime;
+    if (this.next === 0) this.next = now + 0.05;  // a small jitter buffer before the first chunk
+    else if (this.next < now) { stats.underruns += 1; this.next = now + 0.02; }
+    source.start(this.next);
+    this.next += audio.duration;
+    this.sources.add(source);
+    source.onended = () => this.sources.delete(source);
+    stats.scheduledSamples += pcm.length;
+  }
+
+  stop() {
+    for (const source of this.sources) { try { source.stop(); } catch (_) { /* already stopped */ } }
+    this.sources.clear();
+    this.next = 0;
+  }
+}
+
+// ------------------------------------------------------------------------------------------- streaming
+let player = null;
+let socket = null;
+let startedAt = 0;
+let firstAudio = false;
+
+function socketUrl() {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const key = apiKey() ? `?api_key=${encodeURIComponent(apiKey())}` : "";
+  return `${scheme}://${location.host}/v1/audio/speech/stream${key}`;
+}
+
+function openSocket() {
+  if (socket && socket.readyState <= WebSocket.OPEN) return Promise.resolve(socket);
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(socketUrl());
+    ws.binaryType = "arraybuffer";
+    ws.onopen = () => { socket = ws; resolve(ws); };
+    ws.onerror = () => reject(new Error("WebSocket failed"));
+    ws.onclose = () => { if (socket === ws) socket = null; $("stop").disabled = true; };
+    ws.onmessage = onMessage;
+  });
+}
+
+function onMessage(event) {
+  if (event.data instanceof ArrayBuffer) {
+    if (!firstAudio) {
+      firstAudio = true;
+      stats.ttfaMs = Math.round(performance.now() - startedAt);
+      $("ttfa").textContent = `${stats.ttfaMs} ms`;
+      setStatus("playing");
+    }
+    const samples = event.data.byteLength / 2;
+    stats.receivedSamples += samples;
+    stats.audioSeconds += samples / player.rate;
+    player.push(event.data);
+    $("received-samples").textContent = stats.receivedSamples.toLocaleString("en");
+    $("audio-seconds").textContent = `${stats.audioSeconds.toFixed(2)} s`;
+    $("underruns").textContent = String(stats.underruns);
+    return;
+  }
+  const message = JSON.parse(event.data);
+  if (message.type === "audio.progress" || message.type === "audio.done") {
+    stats.tokens = message.tokens ?? stats.tokens;
+    stats.acceptanceRate = message.acceptance_rate ?? stats.acceptanceRate;
+    $("tokens").textContent = String(stats.tokens);
+    $("acceptance-rate").textContent =
+      stats.acceptanceRate == null ? "n/a (no draft)" : `${(100 * stats.acceptanceRate).toFixed(1)} %`;
+  }
+  if (message.type === "audio.done") {
+    stats.utterancesDone += 1;
+    setStatus(message.cancelled ? "stopped" : "done");
+    $("speak").disabled = false;
+    $("stop").disabled = true;
+  } else if (message.type === "error") {
+    stats.errors.push(message.error);
+    setStatus(`error: ${message.error.message}`);
+    $("speak").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+function sessionConfig() {
+  const config = { type: "session.config", sample_rate: player.rate, speed: Number($("speed").value) || 1 };
+  const option = $("voice").selectedOptions[0];
+  if (option) config.voice = option.dataset.kind === "uploaded" ? { id: option.value } : option.value;
+  if ($("temperature").value !== "") config.temperature = Number($("temperature").value);
+  if ($("seed").value !== "") config.seed = Number($("seed").value);
+  if ($("acceptance").value) config.acceptance = $("acceptance").value;
+  return config;
+}
+
+$("speak").addEventListener("click", async () => {
+  const text = $("text").value.trim();
+  if (!text) return;
+  player = player || new PcmPlayer();
+  await player.ctx.resume();
+  player.stop();
+  stats.sampleRate = player.rate;
+  Object.assign(stats, { receivedSamples: 0, scheduledSamples: 0, audioSeconds: 0, ttfaMs: null, underruns: 0,
+                         acceptanceRate: null, tokens: 0 });
+  $("ttfa").textContent = "…";
+  $("speak").disabled = true;
+  $("stop").disabled = false;
+  setStatus("connecting");
+  try {
+    const ws = await openSocket();
+    firstAudio = false;
+    startedAt = performance.now();
+    setStatus("generating");
+    ws.send(JSON.stringify(sessionConfig()));
+    ws.send(JSON.stringify({ type: "input.text", text }));
+    ws.send(JSON.stringify({ type: "input.done" }));
+  } catch (err) {
+    setStatus(String(err));
+    $("speak").disabled = false;
+  }
+});
+
+$("stop").addEventListener("click", () => {
+  if (socket) socket.send(JSON.stringify({ type: "input.cancel" }));
+  if (player) player.stop();
+});
+
+$("api-key").value = localStorage.getItem("pcgtts-api-key") || "";
+$("api-key").addEventListener("change", () => {
+  localStorage.setItem("pcgtts-api-key", apiKey());
+  loadVoices();
+});
+
+Promise.all([loadVoices(), loadRules()]).then(() => { if (stats.status === "idle") setStatus("ready"); });

@@ -1,0 +1,179 @@
+"""Running one synthesis for one client: error mapping, the wait for the first chunk, per-request timing,
+and a streaming response that aborts generation the moment the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from engine.tts import (
+    InputTooLong,
+    InvalidOptions,
+    ServiceOverloaded,
+    ServiceUnavailable,
+    Synthesis,
+    SynthesisOptions,
+    TTSService,
+    VoicePrompt,
+)
+from server.errors import APIError, bad_request
+from server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
+from server.schemas import SamplingFields
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+def synthesis_options(fields: SamplingFields, *, streaming: bool = True) -> SynthesisOptions:
+    return SynthesisOptions(
+        temperature=fields.temperature, top_k=fields.top_k, top_p=fields.top_p,
+        repetition_penalty=fields.repetition_penalty, max_tokens=fields.max_tokens, seed=fields.seed,
+        acceptance=fields.acceptance, num_speculative_tokens=fields.num_speculative_tokens,
+        asg_table=fields.asg_table, streaming=streaming)
+
+
+def service_error(exc: Exception) -> APIError:
+    """Errors of the TTS service -> the OpenAI-shaped error a client gets."""
+    if isinstance(exc, InvalidOptions):
+        return bad_request(str(exc), param=exc.param)
+    if isinstance(exc, ServiceOverloaded):
+        return APIError(429, "The server is at capacity; retry shortly.", code="rate_limit_exceeded",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, InputTooLong):
+        return bad_request(f"A sentence of the input is too long for the model: {exc}", param="input",
+                           code="input_too_long")
+    if isinstance(exc, ServiceUnavailable):
+        return APIError(503, "The engine is shutting down.", code="engine_unavailable")
+    if isinstance(exc, ValueError):  # e.g. nothing speakable in the input
+        return APIError(422, f"Cannot synthesise this input: {exc}", param="input", code="unprocessable_input")
+    raise exc
+
+
+def open_synthesis(service: TTSService, text: str, voice: VoicePrompt | None,
+                   options: SynthesisOptions) -> Synthesis:
+    try:
+        return service.synthesize(text, voice, options)
+    except (InvalidOptions, ValueError) as exc:
+        raise service_error(exc) from exc
+
+
+async def close_quietly(synth: Synthesis) -> None:
+    """Abort/finish the synthesis even while the surrounding task is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        await synth.aclose()
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def next_or_gone(synth: Synthesis, request: Request | None) -> np.ndarray | None:
+    """The next chunk (None at the end), unless the client disconnects first (ClientGone).
+
+    Service errors become APIError; the synthesis is closed on any failure.
+    """
+    step = asyncio.ensure_future(_next(synth))
+    watch = asyncio.ensure_future(_disconnected(request.receive)) if request is not None else None
+    try:
+        waiting = {step} if watch is None else {step, watch}
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if step not in done:
+            step.cancel()
+            raise ClientGone()
+        return step.result()
+    except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions) as exc:
+        await close_quietly(synth)
+        raise service_error(exc) from exc
+    except BaseException:
+        await close_quietly(synth)
+        raise
+    finally:
+        if watch is not None:
+            watch.cancel()
+
+
+async def _next(synth: Synthesis) -> np.ndarray | None:
+    try:
+        return await synth.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+class SpeechRun:
+    """Timing of one request (received -> first audio -> done) and its report to the metrics."""
+
+    def __init__(self, metrics: ServerMetrics, fmt: str, stream_mode: str, started: float | None = None):
+        self.metrics = metrics
+        self.started = started if started is not None else time.perf_counter()
+        self.outcome = RequestOutcome(format=fmt, stream_mode=stream_mode, status="aborted")
+        self.underrun = UnderrunTracker()
+
+    def sent_audio(self, seconds: float) -> None:
+        now = time.perf_counter()
+        if self.outcome.ttfa_s is None:
+            self.outcome.ttfa_s = now - self.started
+        if seconds > 0:
+            self.underrun.chunk(now, seconds)
+
+    def finish(self, synth: Synthesis | None, status: str, audio_s: float) -> None:
+        o = self.outcome
+        o.status = status
+        o.e2e_s = time.perf_counter() - self.started
+        o.audio_s = audio_s
+        if synth is not None:
+            st = synth.stats
+            o.finished_reason = st.finish_reason if status == "ok" else "abort"
+            if st.first_token_s is not None:
+                o.first_token_s = (st.started_at - self.started) + st.first_token_s
+        if status == "ok" and self.underrun.t0 is not None:
+            o.underrun_s = self.underrun.worst
+        self.metrics.record(o)
+
+
+def usage_of(synth: Synthesis) -> dict[str, int]:
+    st = synth.stats
+    return {"input_tokens": st.prompt_tokens, "output_tokens": st.generated_tokens,
+            "total_tokens": st.prompt_tokens + st.generated_tokens}
+
+
+def sse_event(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """Streams the body while watching for the client's disconnect; on disconnect the body iterator is
+    cancelled at once (its `finally` aborts the engine request), whatever ASGI spec version the server
+    speaks."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the socket closed under us
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await _disconnected(receive)
+            tg.cancel_scope.cancel()
+
+
+async def chunks_after(first: np.ndarray | None, synth: Synthesis) -> AsyncIterator[np.ndarray]:
+    """The first chunk (already awaited), then the rest of the synthesis."""
+    if first is None:
+        return
+    yield first
+    async for chunk in synth:
+        yield chunk
