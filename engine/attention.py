@@ -1,0 +1,87 @@
+"""Attention over the paged KV cache, behind one small interface.
+
+The model calls `backend.attend(q, k, v, k_cache, v_cache, meta)` for each layer; the backend writes the
+new K/V into their cache slots and attends over each sequence's blocks. `PagedBatch` carries what every
+layer of one forward shares (slots, gathers, masks), built once per forward from positions and block
+tables with tensor ops only (no host syncs), so the same code runs on CPU and CUDA.
+
+Backends:
+- `sdpa`: gather each sequence's keys/values by block table, then `scaled_dot_product_attention` with a
+  per-position causal mask. Works on any device; the default.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PagedBatch:
+    """Per-forward attention metadata, shared by all layers.
+
+    Queries are B rows of T tokens; rows shorter than T are padded (valid = False).
+    """
+
+    positions: torch.Tensor  # Long[B, T] logical position of each query token (0 for padding)
+    slot_mapping: torch.Tensor  # Long[B*T] cache slot each new K/V is written to (scratch for padding)
+    gather_slots: torch.Tensor  # Long[B*ctx] cache slot of logical key position j of row b
+    mask: torch.Tensor  # Bool[B, 1, T, ctx] key j visible to query t: j <= positions[b, t]
+    context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
+
+
+def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables: torch.Tensor,
+                      block_size: int, scratch_block: int) -> PagedBatch:
+    """positions Long[B, T], valid Bool[B, T], block_tables Long[B, M] padded with `scratch_block`.
+
+    M * block_size must cover every valid position; context length is taken from M (the caller sizes M to
+    the batch's longest row), so no host sync is needed."""
+    b, t = positions.shape
+    positions = torch.where(valid, positions, torch.zeros_like(positions))
+    slot = torch.gather(block_tables, 1, positions // block_size) * block_size + positions % block_size
+    slot = torch.where(valid, slot, torch.full_like(slot, scratch_block * block_size))
+    ctx = block_tables.shape[1] * block_size
+    key_pos = torch.arange(ctx, device=positions.device)  # [ctx]
+    gather = block_tables[:, key_pos // block_size] * block_size + key_pos % block_size  # [B, ctx]
+    mask = key_pos[None, None, :] <= positions[:, :, None]  # [B, T, ctx]
+    return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1), gather_slots=gather.reshape(-1),
+                      mask=mask.unsqueeze(1), context_len=ctx)
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, meta: PagedBatch) -> torch.Tensor:
+        """q [B, T, H, D], k/v [B, T, H_kv, D] (new tokens), caches [S, H_kv, D] -> out [B, T, H * D]."""
+
+
+class GatherSDPABackend(AttentionBackend):
+    name = "sdpa"
+
+    def attend(self, q, k, v, k_cache, v_cache, meta):
+        b, t, h, d = q.shape
+        h_kv = k.shape[2]
+        k_cache.index_copy_(0, meta.slot_mapping, k.reshape(b * t, h_kv, d))
+        v_cache.index_copy_(0, meta.slot_mapping, v.reshape(b * t, h_kv, d))
+        ctx = meta.context_len
+        keys = k_cache.index_select(0, meta.gather_slots).view(b, ctx, h_kv, d).transpose(1, 2)
+        values = v_cache.index_select(0, meta.gather_slots).view(b, ctx, h_kv, d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask,
+                                             enable_gqa=h != h_kv)  # [B, H, T, D]
+        return out.transpose(1, 2).reshape(b, t, h * d)
+
+
+BACKENDS = {"sdpa": GatherSDPABackend}
+
+
+def make_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "sdpa"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(BACKENDS)}")
+    return BACKENDS[name]()

@@ -1,0 +1,277 @@
+"""The engine: models + paged KV + scheduler + speculative step, driven one `step()` at a time.
+
+    engine = Engine(EngineConfig(target="models/demo-en/target", draft="models/demo-en/draft"))
+    outs = engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=50))
+
+`generate` is the blocking batch API; servers drive `add_request` / `abort` / `step` (see async_engine).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.acceptance import AcceptanceRule, make_rule
+from engine.attention import make_backend
+from engine.config import EngineConfig, SamplingParams
+from engine.errors import RequestTooLong
+from engine.metrics import Counters, EngineMetrics
+from engine.model.config import LlamaConfig
+from engine.model.loader import load_llama, resolve_dtype
+from engine.model_runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.spec_decode import SpeculativeDecoder
+
+DEFAULT_KV_TOKENS = 16384
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    token_ids: list[int]  # new since the previous output of this request
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    num_drafted: int  # draft tokens proposed for the request in this step
+    num_accepted: int  # of which accepted
+
+
+@dataclass
+class Generation:
+    request_id: str
+    token_ids: list[int]  # generated tokens only (stop token included when one ended the request)
+    finish_reason: str
+    num_drafted: int
+    num_accepted: int
+    num_steps: int
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.target_config = LlamaConfig.from_dir(config.target)
+        draft_config = LlamaConfig.from_dir(config.draft) if config.draft else None
+        if draft_config is not None and draft_config.vocab_size != self.target_config.vocab_size:
+            raise ValueError(f"draft vocabulary {draft_config.vocab_size} != target "
+                             f"{self.target_config.vocab_size}")
+        self.gamma = config.num_speculative_tokens if draft_config is not None else 0
+        if self.gamma == 0:
+            draft_config = None
+
+        block_size = config.block_size
+        num_blocks = self._num_blocks(draft_config)
+        capacity = num_blocks * block_size
+        self.max_model_len = min(config.max_model_len or self.target_config.max_position_embeddings,
+                                 capacity - self.gamma - 1)
+        if self.max_model_len < 2:
+            raise ValueError(f"KV budget of {capacity} tokens is too small for γ={self.gamma}")
+        positions = self.max_model_len + self.gamma + 1
+        backend = make_backend(config.attention_backend, self.device)
+        self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions),
+                                  num_blocks, block_size, backend)
+        self.draft = None
+        if draft_config is not None:
+            self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions),
+                                     num_blocks, block_size, backend)
+
+        self._table = None
+        self._rules: dict[str, AcceptanceRule] = {}
+        if self.gamma:
+            self.rule_for(config.acceptance)  # fail at start-up, not on the first request
+        self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
+        self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.rule_for,
+                                          self.shared_generator)
+        self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
+                                   config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
+        self.requests: dict[str, Sequence] = {}
+        self.counters = Counters(gamma=self.gamma)
+        self._arrivals = itertools.count()
+
+    # ---- set-up helpers ---------------------------------------------------------------------------------
+    def _num_blocks(self, draft_config: LlamaConfig | None) -> int:
+        cfg, bs = self.config, self.config.block_size
+        if cfg.kv_budget_bytes:
+            per_token = self.target_config.kv_bytes_per_token(self.dtype)
+            if draft_config is not None:
+                per_token += draft_config.kv_bytes_per_token(self.dtype)
+            return max(1, cfg.kv_budget_bytes // (per_token * bs))
+        return max(1, -(-(cfg.kv_budget_tokens or DEFAULT_KV_TOKENS) // bs))
+
+    def rule_for(self, name: str) -> AcceptanceRule:
+        """The acceptance rule called `name` ("" = the engine's configured rule), built once."""
+        name = name or self.config.acceptance
+        if name not in self._rules:
+            params = dict(self.config.acceptance_params) if name == self.config.acceptance else {}
+            if name in ("pcg", "lantern") and "table" not in params and "embeddings" not in params:
+                params["table"] = self._asg_table()
+            self._rules[name] = make_rule(name, **params)
+        return self._rules[name]
+
+    def _asg_table(self):
+        if self._table is None:
+            if self.config.asg_table is None:
+                raise ValueError("this acceptance rule needs an ASG table (EngineConfig.asg_table)")
+            from asg_tables import ASGTable  # only deployments using group rules need it
+
+            self._table = ASGTable.load(Path(self.config.asg_table))
+            if hasattr(self._table, "to"):
+                self._table = self._table.to(self.device)
+        return self._table
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target_config.vocab_size
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.gamma
+
+    # ---- requests ---------------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        """Queue a request; raises EngineOverloaded when the waiting queue is full."""
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self.requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        prompt_ids = self.validate(prompt_ids, params)
+        if params.acceptance and self.gamma:
+            self.rule_for(params.acceptance)  # build it now: a misconfigured rule fails this request only
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+        seq = Sequence(request_id=request_id, prompt_len=len(prompt_ids), token_ids=prompt_ids,
+                       params=params, generator=generator, arrival=next(self._arrivals))
+        self.scheduler.add(seq)
+        self.requests[request_id] = seq
+        return request_id
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
+        """Check a request without queueing it (safe from any thread); returns the prompt as ints."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestTooLong(f"prompt of {len(prompt_ids)} tokens; the engine holds at most "
+                                 f"{self.max_model_len} tokens per sequence")
+        if params.acceptance and self.gamma and params.acceptance not in self._rules:
+            from engine.acceptance import RULES
+
+            if params.acceptance not in RULES:
+                raise ValueError(f"unknown acceptance rule {params.acceptance!r}")
+        return prompt_ids
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; False if it is unknown or already finished."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        self._finish(seq, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.remove(seq)
+        seq.finish_reason = reason
+        self.counters.finished[reason] += 1
+        self.requests.pop(seq.request_id, None)
+
+    # ---- the loop ---------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """Schedule, prefill, take one decoding step for every ready sequence; report what changed."""
+        plan = self.scheduler.schedule()
+        for seq, _ in plan.prefill:
+            if not seq.ever_admitted:
+                seq.ever_admitted = True
+                self.counters.prompt_tokens += seq.prompt_len
+        self.decoder.prefill(plan.prefill)
+        if not plan.decode:
+            return []
+        for seq in plan.decode:
+            if not seq.ever_admitted:  # one-token prompts skip prefill
+                seq.ever_admitted = True
+                self.counters.prompt_tokens += seq.prompt_len
+        result = self.decoder.step(plan.decode)
+        self.counters.record_step(len(plan.decode), result.gamma, result.num_accepted)
+        outputs = []
+        for seq, tokens, k in zip(plan.decode, result.tokens, result.num_accepted, strict=True):
+            seq.num_steps += 1
+            seq.num_drafted += result.gamma
+            seq.num_accepted += k
+            reason = self._append(seq, tokens)
+            if reason is not None:
+                self._finish(seq, reason)
+            outputs.append(self._output(seq, result.gamma, k))
+        return outputs
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> str | None:
+        """Append emitted tokens up to a stop token or a length limit; returns the finish reason."""
+        params = seq.params
+        limit = min(params.max_tokens, self.max_model_len - seq.prompt_len)
+        reason = None
+        start = seq.length
+        for tok in tokens:
+            seq.token_ids.append(tok)
+            if tok in params.stop_token_ids:
+                reason = "stop"
+                break
+            if seq.num_output >= limit:
+                reason = "length"
+                break
+        if seq.presence is not None:
+            seq.presence[torch.tensor(seq.token_ids[start:], device=self.device)] = True
+        self.counters.generation_tokens += seq.length - start
+        return reason
+
+    def _output(self, seq: Sequence, drafted: int, accepted: int) -> RequestOutput:
+        new = seq.token_ids[seq.prompt_len + seq.num_streamed:]
+        seq.num_streamed += len(new)
+        return RequestOutput(request_id=seq.request_id, token_ids=new, finished=seq.is_finished,
+                             finish_reason=seq.finish_reason, num_drafted=drafted, num_accepted=accepted)
+
+    # ---- blocking batch API -----------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]],
+                 params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+        """Run all prompts to completion (continuous batching) and return them in order."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        pending = deque(zip(prompts, per_prompt, strict=True))
+        seqs: list[Sequence] = []
+        while pending or self.has_unfinished():
+            while pending and len(self.scheduler.waiting) < self.config.max_waiting:
+                prompt, p = pending.popleft()
+                rid = self.add_request(prompt, p)
+                seqs.append(self.requests[rid])
+            self.step()
+        return [Generation(request_id=s.request_id, token_ids=s.output_ids, finish_reason=s.finish_reason,
+                           num_drafted=s.num_drafted, num_accepted=s.num_accepted, num_steps=s.num_steps)
+                for s in seqs]
+
+    # ---- metrics ----------------------------------------------------------------------------------------
+    def metrics(self) -> EngineMetrics:
+        c, blocks = self.counters, self.target.blocks
+        return EngineMetrics(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_usage=blocks.num_used / blocks.num_blocks, kv_blocks_total=blocks.num_blocks,
+            kv_blocks_used=blocks.num_used, prompt_tokens=c.prompt_tokens,
+            generation_tokens=c.generation_tokens, spec_num_drafts=c.spec_num_drafts,
+            spec_drafted_tokens=c.spec_drafted_tokens, spec_accepted_tokens=c.spec_accepted_tokens,
+            spec_accepted_per_position=list(c.spec_accepted_per_position),
+            preemptions=self.scheduler.num_preemptions, steps=c.steps, batch_tokens=c.batch_tokens,
+            finished=dict(c.finished))
+
+    def kv_blocks_in_use(self) -> tuple[int, int]:
+        """(target, draft) blocks currently held by sequences."""
+        return self.target.blocks.num_used, self.draft.blocks.num_used if self.draft else 0

@@ -1,0 +1,56 @@
+"""Engine counters: a live set the engine updates, and the snapshot callers read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """A point-in-time view. Gauges: num_running .. kv_blocks_used; the rest are cumulative counters."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # used / total target KV blocks, 0..1
+    kv_blocks_total: int
+    kv_blocks_used: int
+    prompt_tokens: int
+    generation_tokens: int
+    spec_num_drafts: int  # (sequence, step) pairs that drafted
+    spec_drafted_tokens: int
+    spec_accepted_tokens: int
+    spec_accepted_per_position: list[int]  # [γ] drafts accepted at position i
+    preemptions: int
+    steps: int  # decode/speculative steps
+    batch_tokens: int  # sum over steps of sequences in the step (mean batch = batch_tokens / steps)
+    finished: dict[str, int]  # finish reason -> requests
+
+
+@dataclass
+class Counters:
+    gamma: int
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    spec_num_drafts: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = field(default_factory=list)
+    steps: int = 0
+    batch_tokens: int = 0
+    finished: Counter = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.spec_accepted_per_position = [0] * self.gamma
+
+    def record_step(self, batch: int, gamma: int, accepted: list[int]) -> None:
+        self.steps += 1
+        self.batch_tokens += batch
+        if gamma == 0:
+            return
+        self.spec_num_drafts += batch
+        self.spec_drafted_tokens += batch * gamma
+        self.spec_accepted_tokens += sum(accepted)
+        for k in accepted:
+            for i in range(k):
+                self.spec_accepted_per_position[i] += 1

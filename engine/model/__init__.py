@@ -1,0 +1,1 @@
+"""Llama-family decoder over a paged KV cache, and its Hugging Face checkpoint loader."""

@@ -1,0 +1,81 @@
+"""Llama decoder (RMSNorm, RoPE, GQA, SwiGLU, tied or untied head) running over a paged KV cache.
+
+Weights are plain tensors with q/k/v and gate/up fused into one matrix each, so a layer is three big
+matmuls plus attention. Numerics follow Hugging Face's `LlamaForCausalLM` (RMSNorm in float32, rotate-half
+RoPE, cos/sin in the model dtype).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import AttentionBackend, PagedBatch
+from engine.kv_cache import KVCache
+from engine.model.config import LlamaConfig
+from engine.model.rope import RotaryEmbedding, apply_rotary
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [d]
+    qkv: torch.Tensor  # [(H + 2 H_kv) D, d]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [d, H D]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [d]
+    gate_up: torch.Tensor  # [2 I, d]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [d, I]
+    down_bias: torch.Tensor | None
+
+
+class LlamaModel:
+    def __init__(self, cfg: LlamaConfig, embed: torch.Tensor, layers: list[LayerWeights],
+                 final_norm: torch.Tensor, lm_head: torch.Tensor, max_positions: int):
+        self.cfg = cfg
+        self.embed = embed  # [V, d]
+        self.layers = layers
+        self.final_norm = final_norm
+        self.lm_head = lm_head  # [V, d]; the same tensor as `embed` when tied
+        self.device, self.dtype = embed.device, embed.dtype
+        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions,
+                                    self.device, self.dtype)
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: PagedBatch, cache: KVCache,
+                backend: AttentionBackend) -> torch.Tensor:
+        """input_ids Long[B, T] at meta.positions -> final hidden states [B, T, d]; writes K/V."""
+        cfg = self.cfg
+        b, t = input_ids.shape
+        x = F.embedding(input_ids, self.embed)  # [B, T, d]
+        cos, sin = self.rope.lookup(meta.positions)
+        for i, w in enumerate(self.layers):
+            h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
+            qkv = F.linear(h, w.qkv, w.qkv_bias)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = apply_rotary(q.view(b, t, cfg.num_heads, cfg.head_dim), cos, sin)
+            k = apply_rotary(k.view(b, t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
+            v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim)
+            k_cache, v_cache = cache.layer(i)
+            attn = backend.attend(q, k, v, k_cache, v_cache, meta)  # [B, T, H D]
+            x = x + F.linear(attn, w.o, w.o_bias)
+            h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
+            gate, up = F.linear(h, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, w.down, w.down_bias)
+        return rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> float32 logits [..., V]."""
+        return F.linear(hidden, self.lm_head).float()

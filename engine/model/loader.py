@@ -1,0 +1,93 @@
+"""Load a Hugging Face Llama checkpoint directory (config.json + one or many *.safetensors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.model.config import DTYPES, LlamaConfig
+from engine.model.llama import LayerWeights, LlamaModel
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose from auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    return files
+
+
+class _Weights:
+    """Reads tensors by name across shards, converting each to the target device and dtype."""
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype):
+        self.device, self.dtype = device, dtype
+        self.where: dict[str, Path] = {}
+        for f in safetensors_files(path):
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    self.where[name.removeprefix("model.")] = (f, name)
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        f, full = self.where[name]
+        with safe_open(str(f), framework="pt") as st:
+            return st.get_tensor(full).to(device=self.device, dtype=self.dtype)
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.get(name) if self.has(name) else None
+
+    def fused(self, names: list[str]) -> torch.Tensor | None:
+        parts = [self.maybe(n) for n in names]
+        if all(p is None for p in parts):
+            return None
+        return torch.cat(parts, dim=0)
+
+
+def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
+               max_positions: int | None = None) -> LlamaModel:
+    path, device = Path(path), torch.device(device)
+    cfg = LlamaConfig.from_dir(path)
+    dtype = resolve_dtype(dtype, device)
+    w = _Weights(path, device, dtype)
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        attn, mlp = p + "self_attn.", p + "mlp."
+        layers.append(LayerWeights(
+            input_norm=w.get(p + "input_layernorm.weight"),
+            qkv=w.fused([attn + f"{x}_proj.weight" for x in "qkv"]),
+            qkv_bias=w.fused([attn + f"{x}_proj.bias" for x in "qkv"]) if cfg.attention_bias else None,
+            o=w.get(attn + "o_proj.weight"),
+            o_bias=w.maybe(attn + "o_proj.bias") if cfg.attention_bias else None,
+            post_norm=w.get(p + "post_attention_layernorm.weight"),
+            gate_up=w.fused([mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+            gate_up_bias=w.fused([mlp + "gate_proj.bias", mlp + "up_proj.bias"]) if cfg.mlp_bias else None,
+            down=w.get(mlp + "down_proj.weight"),
+            down_bias=w.maybe(mlp + "down_proj.bias") if cfg.mlp_bias else None,
+        ))
+    embed = w.get("embed_tokens.weight")
+    if cfg.tie_word_embeddings or not w.has("lm_head.weight"):
+        lm_head = embed
+    else:
+        lm_head = w.get("lm_head.weight")
+    return LlamaModel(cfg, embed, layers, w.get("norm.weight"), lm_head,
+                      max_positions or cfg.max_position_embeddings)

@@ -1,0 +1,54 @@
+"""One model with its own paged KV cache and block pool: turns ragged token chunks into forwards."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import AttentionBackend, build_paged_batch
+from engine.block_manager import BlockAllocator, SeqBlocks
+from engine.kv_cache import KVCache
+from engine.model.llama import LlamaModel
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend):
+        self.model = model
+        self.device = model.device
+        self.block_size = block_size
+        self.blocks = BlockAllocator(num_blocks, block_size)
+        self.cache = KVCache(model.cfg, num_blocks, block_size, model.device, model.dtype)
+        self.backend = backend
+
+    def block_tables(self, states: list[SeqBlocks], num_tokens: int) -> torch.Tensor:
+        """Long[B, M] block tables covering positions [0, num_tokens), padded with the scratch block."""
+        cols = self.blocks.blocks_for(num_tokens)
+        scratch = self.cache.scratch_block
+        rows = [st.blocks[:cols] + [scratch] * (cols - min(cols, len(st.blocks))) for st in states]
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                tables: torch.Tensor) -> torch.Tensor:
+        """Long[B, T] tokens at Long[B, T] positions (Bool[B, T] valid) -> hidden [B, T, d]; writes K/V."""
+        meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block)
+        return self.model.forward(input_ids, meta, self.cache, self.backend)
+
+    def forward_chunks(self, states: list[SeqBlocks], chunks: list[list[int]]) -> torch.Tensor:
+        """Feed each row its token chunk at positions num_computed.. (rows right-padded to the longest).
+
+        Advances num_computed; returns hidden [B, T, d]. Room must have been reserved."""
+        width = max(len(c) for c in chunks)
+        ids = [c + [0] * (width - len(c)) for c in chunks]
+        starts = torch.tensor([st.num_computed for st in states], device=self.device)
+        lens = torch.tensor([len(c) for c in chunks], device=self.device)
+        offsets = torch.arange(width, device=self.device)
+        positions = starts[:, None] + offsets[None, :]  # [B, T]
+        valid = offsets[None, :] < lens[:, None]
+        end = max(st.num_computed + len(c) for st, c in zip(states, chunks, strict=True))
+        tables = self.block_tables(states, end)
+        hidden = self.forward(torch.tensor(ids, device=self.device), positions, valid, tables)
+        for st, c in zip(states, chunks, strict=True):
+            st.num_computed += len(c)
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)

@@ -1,0 +1,91 @@
+"""Logits -> sampling distributions and draws, per row, identical for the draft and the target.
+
+For each row (one sequence) and each scored position the pipeline is:
+  repetition penalty (Hugging Face semantics, over prompt + generated + earlier draft tokens)
+  -> the request's DecodeConstraint (speech-family structure; sees the penalised logits)
+  -> temperature / top-k / top-p via engine.acceptance.logits_to_probs (greedy = one-hot argmax).
+The history of position i is everything generated before it, including the draft tokens before it, so the
+draft's proposal distribution and the target's verification distribution at the same position are built
+from the same history — what acceptance needs to stay exact with respect to the processed target.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.acceptance import logits_to_probs
+from engine.acceptance.sampling import sample_rows
+from engine.sequence import Sequence
+
+
+def presence_of(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Bool[V]: which tokens occur in token_ids."""
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    mask[torch.tensor(token_ids, dtype=torch.long, device=device)] = True
+    return mask
+
+
+class BatchSampler:
+    """Sampling state of one step's B rows."""
+
+    def __init__(self, seqs: list[Sequence], vocab_size: int, device: torch.device,
+                 shared_generator: torch.Generator):
+        self.seqs = seqs
+        self.device = device
+        params = [s.params for s in seqs]
+        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+        self.generators = [s.generator or shared_generator for s in seqs]
+        self.penalty = None
+        if any(p.repetition_penalty != 1.0 for p in params):
+            self.penalty = torch.tensor([p.repetition_penalty for p in params], device=device)
+            for s in seqs:
+                if s.presence is None:
+                    s.presence = presence_of(s.token_ids, vocab_size, device)
+            self.presence = torch.stack([s.presence for s in seqs])  # [B, V]
+        self.constrained = [(b, s) for b, s in enumerate(seqs) if s.params.constraint is not None]
+
+    def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None,
+              offset: int = 0) -> torch.Tensor:
+        """logits [B, P, V] -> probs [B, P, V].
+
+        Position i of row b follows the row's tokens plus drafts[b, :offset + i] (drafts: Long[B, J])."""
+        if self.penalty is not None:
+            logits = self._penalise(logits, drafts, offset)
+        if self.constrained:
+            logits = self._constrain(logits, drafts, offset)
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
+        b, p, v = logits.shape
+        seen = self.presence[:, None, :].expand(b, p, v)
+        num_drafts = 0 if drafts is None else min(drafts.shape[1], offset + p - 1)
+        if num_drafts:
+            seen = seen.clone()
+            for m in range(num_drafts):  # draft m is history for positions i with offset + i > m
+                first = max(0, m - offset + 1)
+                seen[:, first:].scatter_(-1, drafts[:, m, None, None].expand(b, p - first, 1), True)
+        pen = self.penalty[:, None, None]
+        penalised = torch.where(logits < 0, logits * pen, logits / pen)
+        return torch.where(seen, penalised, logits)
+
+    def _constrain(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
+        logits = logits.clone()
+        p = logits.shape[1]
+        draft_lists = drafts.tolist() if drafts is not None else None
+        for b, seq in self.constrained:
+            generated = seq.output_ids
+            extra = draft_lists[b] if draft_lists is not None else []
+            histories = [generated + extra[:offset + i] for i in range(p)]
+            logits[b] = seq.params.constraint.apply(logits[b], histories)
+        return logits
+
+    def uniforms(self) -> torch.Tensor:
+        """Float64[B]: one U[0, 1) per row from that row's generator."""
+        return torch.cat([torch.rand(1, generator=g, device=self.device, dtype=torch.float64)
+                          for g in self.generators])
+
+    def sample(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs [B, V] -> Long[B], one draw per row from the row's own generator."""
+        return sample_rows(probs, None, u=self.uniforms())

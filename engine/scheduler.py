@@ -1,0 +1,142 @@
+"""Continuous batching: which sequences run this step, which prefill, which wait.
+
+Every step the running sequences first reserve KV room for one more speculative step (γ+1 positions in
+the target, γ in the draft); when the pool runs dry the newest running sequence is preempted (its blocks
+freed, its tokens kept) and goes back to the front of the queue to be recomputed later. Then waiting
+requests are admitted first-come-first-served (no overtaking) while there is room, a free sequence slot
+and prefill budget left. Prompts longer than the per-step budget are prefilled in chunks over several
+steps. A sequence decodes in the same step its prefill completes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockAllocator, OutOfBlocks
+from engine.errors import EngineOverloaded
+from engine.sequence import Sequence, Status
+
+
+@dataclass
+class StepPlan:
+    prefill: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens to prefill now)
+    decode: list[Sequence] = field(default_factory=list)  # sequences taking a decode/speculative step
+    preempted: list[Sequence] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, target_blocks: BlockAllocator, draft_blocks: BlockAllocator | None, gamma: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int):
+        self.target_blocks = target_blocks
+        self.draft_blocks = draft_blocks
+        self.gamma = gamma
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_waiting = max_waiting
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # ---- queue ----------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.max_waiting:
+            raise EngineOverloaded(f"waiting queue full ({self.max_waiting} requests)")
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the queues (finish or abort) and free its KV blocks."""
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self._release(seq)
+        seq.status = Status.FINISHED
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- KV room ---------------------------------------------------------------------------------------
+    def room_needed(self, seq: Sequence) -> tuple[int, int]:
+        """Tokens of KV each model must hold for `seq`'s next step: (target, draft)."""
+        return seq.length + self.gamma, seq.length + self.gamma - 1
+
+    def _reserve(self, seq: Sequence) -> bool:
+        target_tokens, draft_tokens = self.room_needed(seq)
+        try:
+            seq.target.ensure(self.target_blocks, target_tokens)
+            if self.draft_blocks is not None:
+                seq.draft.ensure(self.draft_blocks, draft_tokens)
+        except OutOfBlocks:
+            return False
+        return True
+
+    def _fits_with_headroom(self, seq: Sequence) -> bool:
+        """Admit only if every running sequence could still grow by one block afterwards."""
+        target_tokens, draft_tokens = self.room_needed(seq)
+        headroom = len(self.running)
+        pools = [(self.target_blocks, seq.target, target_tokens)]
+        if self.draft_blocks is not None:
+            pools.append((self.draft_blocks, seq.draft, draft_tokens))
+        for pool, blocks, tokens in pools:
+            need = pool.blocks_for(tokens) - len(blocks.blocks)
+            if pool.num_free - need < headroom:
+                return False
+        return True
+
+    def _release(self, seq: Sequence) -> None:
+        seq.target.release(self.target_blocks)
+        if self.draft_blocks is not None:
+            seq.draft.release(self.draft_blocks)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # ---- the step plan ---------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            if self._reserve(seq):
+                i += 1
+                continue
+            victim = self.running[-1]
+            self._preempt(victim)
+            plan.preempted.append(victim)
+        budget = self.max_num_batched_tokens
+        chunks: dict[int, int] = {}
+        for seq in self.running:
+            todo = seq.length - 1 - seq.target.num_computed
+            if todo > 0 and budget > 0:
+                chunks[id(seq)] = min(todo, budget)
+                budget -= chunks[id(seq)]
+                plan.prefill.append((seq, chunks[id(seq)]))
+        if not plan.preempted:
+            self._admit(plan, budget, chunks)
+        plan.decode = [s for s in self.running
+                       if s.target.num_computed + chunks.get(id(s), 0) == s.length - 1]
+        return plan
+
+    def _admit(self, plan: StepPlan, budget: int, chunks: dict[int, int]) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            todo = seq.length - 1
+            if todo > 0 and budget <= 0:
+                break
+            if not self._fits_with_headroom(seq) or not self._reserve(seq):
+                self._release(seq)
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            if todo > 0:
+                chunks[id(seq)] = min(todo, budget)
+                budget -= chunks[id(seq)]
+                plan.prefill.append((seq, chunks[id(seq)]))

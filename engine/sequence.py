@@ -1,0 +1,57 @@
+"""A request as the engine tracks it: tokens so far, KV state in each model, counters."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_manager import SeqBlocks
+from engine.config import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)  # identity semantics: queues remove by identity, fields hold tensors
+class Sequence:
+    request_id: str
+    prompt_len: int
+    token_ids: list[int]  # prompt followed by generated tokens
+    params: SamplingParams
+    generator: torch.Generator | None  # own generator when params.seed is set, else the engine's shared one
+    arrival: int  # FCFS order
+    status: Status = Status.WAITING
+    target: SeqBlocks = field(default_factory=SeqBlocks)
+    draft: SeqBlocks = field(default_factory=SeqBlocks)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_steps: int = 0  # decode/speculative steps this request took part in
+    num_streamed: int = 0  # generated tokens already handed out by step()
+    ever_admitted: bool = False
+    presence: torch.Tensor | None = None  # Bool[V] tokens seen so far, kept only for repetition penalty
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def ready_to_decode(self) -> bool:
+        """Prefill done: K/V of every token but the last are cached in the target."""
+        return self.target.num_computed == self.length - 1

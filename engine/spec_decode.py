@@ -1,0 +1,139 @@
+"""One decoding step for a batch of running sequences: speculative (draft + verify) or target-only.
+
+Cache invariant between steps: the target holds K/V of all tokens but the last; the draft holds at least
+all but the last two (one behind after a fully accepted round, whose last draft token it never fed).
+
+A speculative step for B sequences of lengths n_b:
+ 1. draft, γ forwards: first the 1-2 tokens it has not cached yet, then each new draft token; every
+    proposal keeps its full processed distribution q (Float[B, γ, V]) and samples x ~ q;
+ 2. target, one forward over [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1 -> p (Float[B, γ+1, V]);
+ 3. the acceptance rule decides; emitted = accepted drafts + one recovered/bonus token;
+ 4. both caches are rolled back to the positions whose tokens survived.
+γ = 0 (or no draft) scores only the last token with the target and samples from p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.acceptance import AcceptanceRule
+from engine.model_runner import ModelRunner
+from engine.sampling import BatchSampler
+from engine.sequence import Sequence
+
+
+@dataclass
+class StepResult:
+    tokens: list[list[int]]  # per sequence: tokens emitted this step (accepted drafts + one more)
+    num_accepted: list[int]  # per sequence, in [0, γ]
+    gamma: int
+
+
+class SpeculativeDecoder:
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, gamma: int,
+                 rule_for: callable, shared_generator: torch.Generator):
+        self.target = target
+        self.draft = draft if gamma > 0 else None
+        self.gamma = gamma if draft is not None else 0
+        self.rule_for = rule_for  # acceptance rule name -> AcceptanceRule
+        self.shared_generator = shared_generator
+        self.vocab_size = target.model.cfg.vocab_size
+        self.device = target.device
+
+    # ---- prefill ----------------------------------------------------------------------------------------
+    def prefill(self, items: list[tuple[Sequence, int]]) -> None:
+        """Cache K/V of the next `n` uncached tokens of each sequence, in both models (no sampling)."""
+        if not items:
+            return
+        ends = [seq.target.num_computed + n for seq, n in items]  # the draft catches up to the same end
+        runners = [(self.target, lambda s: s.target)]
+        if self.draft is not None:
+            runners.append((self.draft, lambda s: s.draft))
+        for runner, state in runners:
+            states, chunks = [], []
+            for (seq, _), end in zip(items, ends, strict=True):
+                st = state(seq)
+                if end > st.num_computed:
+                    states.append(st)
+                    chunks.append(seq.token_ids[st.num_computed:end])
+            if states:
+                runner.forward_chunks(states, chunks)
+
+    # ---- decode -----------------------------------------------------------------------------------------
+    def step(self, seqs: list[Sequence]) -> StepResult:
+        sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator)
+        if self.gamma == 0:
+            return self._target_only(seqs, sampler)
+        return self._speculate(seqs, sampler)
+
+    def _target_only(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
+        hidden = self.target.forward_chunks([s.target for s in seqs], [s.token_ids[-1:] for s in seqs])
+        probs = sampler.probs(self.target.logits(hidden))  # [B, 1, V]
+        tokens = sampler.sample(probs[:, 0]).tolist()
+        return StepResult(tokens=[[t] for t in tokens], num_accepted=[0] * len(seqs), gamma=0)
+
+    def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
+        g, dev = self.gamma, self.device
+        b = len(seqs)
+        lengths = torch.tensor([s.length for s in seqs], device=dev)  # [B]
+        rows = torch.arange(b, device=dev)
+        drafts = torch.empty(b, g, dtype=torch.long, device=dev)  # x_1..x_γ
+        draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # q_1..q_γ
+
+        # 1. draft: catch up on uncached tokens, then one forward per proposed token.
+        states = [s.draft for s in seqs]
+        chunks = [s.token_ids[s.draft.num_computed:] for s in seqs]
+        hidden = self.draft.forward_chunks(states, chunks)  # [B, T0, d]
+        last = torch.tensor([len(c) - 1 for c in chunks], device=dev)
+        logits = self.draft.logits(hidden[rows, last])[:, None]  # [B, 1, V]
+        tables = self.draft.block_tables(states, max(s.length for s in seqs) + g - 1)
+        ones = torch.ones(b, 1, dtype=torch.bool, device=dev)
+        for j in range(g):
+            if j > 0:
+                positions = (lengths + j - 1)[:, None]
+                hidden = self.draft.forward(drafts[:, j - 1:j], positions, ones, tables)
+                logits = self.draft.logits(hidden)
+            q = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
+            draft_probs[:, j] = q
+            drafts[:, j] = sampler.sample(q)
+        for s in seqs:
+            s.draft.num_computed = s.length + g - 1
+
+        # 2. target scores the last token and all γ drafts in one forward.
+        last_tokens = torch.tensor([s.token_ids[-1] for s in seqs], device=dev)
+        ids = torch.cat([last_tokens[:, None], drafts], dim=1)  # [B, γ+1]
+        positions = (lengths - 1)[:, None] + torch.arange(g + 1, device=dev)[None, :]
+        t_states = [s.target for s in seqs]
+        t_tables = self.target.block_tables(t_states, max(s.length for s in seqs) + g)
+        hidden = self.target.forward(ids, positions, torch.ones_like(ids, dtype=torch.bool), t_tables)
+        target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
+
+        # 3. verify, 4. roll back.
+        tokens, accepted = self._verify(seqs, sampler, drafts, draft_probs, target_probs)
+        emitted = [row[:k + 1] for row, k in zip(tokens.tolist(), accepted.tolist(), strict=True)]
+        num_accepted = [len(e) - 1 for e in emitted]
+        for s, k in zip(seqs, num_accepted, strict=True):
+            s.target.num_computed = s.length + g
+            s.target.roll_back(self.target.blocks, s.length + k)
+            s.draft.roll_back(self.draft.blocks, s.length + k)
+        return StepResult(tokens=emitted, num_accepted=num_accepted, gamma=g)
+
+    def _verify(self, seqs, sampler, drafts, draft_probs, target_probs):
+        """Run each row's acceptance rule with the row's generator; rows sharing both share one call."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, (s, gen) in enumerate(zip(seqs, sampler.generators, strict=True)):
+            groups.setdefault((s.params.acceptance or "", id(gen)), []).append(i)
+        if len(groups) == 1:
+            (name, _), = groups
+            v = self.rule_for(name).verify(drafts, draft_probs, target_probs, sampler.generators[0])
+            return v.tokens, v.num_accepted
+        tokens = torch.empty(len(seqs), self.gamma + 1, dtype=torch.long, device=self.device)
+        accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
+        for (name, _), rows in groups.items():
+            idx = torch.tensor(rows, device=self.device)
+            rule: AcceptanceRule = self.rule_for(name)
+            v = rule.verify(drafts[idx], draft_probs[idx], target_probs[idx], sampler.generators[rows[0]])
+            tokens[idx], accepted[idx] = v.tokens, v.num_accepted
+        return tokens, accepted
