@@ -4,13 +4,13 @@
 starts an `AsyncEngine`, whose step loop runs in its own thread. `synthesize(text, voice, options)`
 returns a `Synthesis`, an async iterator of float32 audio chunks at the codec's rate:
 
-* long text is split into sentences, generated one after another within the same stream;
-* speech tokens stream from the engine into a `ChunkedDecoder` that decodes overlapping code windows
-  (left context + held-back look-ahead, raised-cosine cross-fade over the overlap) so that joins are
-  inaudible, with a small first chunk for a low time to first audio;
-* the windows of all live streams go through one `DecodeBatcher` thread, which hands whatever is pending
-  to `codec.decode_batch` at once, so concurrent streams share codec forwards and the event loop never
-  runs model code;
+* long text is split into sentences (the family's own splitter when it has one), generated one after
+  another within the same stream, joined by a short pause;
+* speech tokens stream from the engine into the codec's streaming decoder, which decodes overlapping
+  blocks and cross-fades them, so streamed audio equals a one-pass decode and joins are inaudible;
+  audio leaves as soon as the codec has a final block;
+* the codec work of all live streams runs on one `DecodeWorker` thread (batched when the codec offers
+  `push_many`), so the event loop never runs model code;
 * closing the iterator (`aclose`) aborts the engine request and frees its KV blocks.
 
 Per-request statistics (time to first audio, tokens, drafted/accepted, audio seconds) are on
@@ -32,14 +32,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 
 from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
-from engine.codec.base import Codec
-from engine.speech.base import SpeechFamily, VoicePrompt
+from engine.codec.base import Codec, StreamingDecoder
+from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
 
 __all__ = ["TTSConfig", "SynthesisOptions", "SynthesisStats", "EngineStats", "Synthesis", "TTSService",
-           "VoicePrompt", "InvalidOptions", "ServiceOverloaded", "InputTooLong", "ServiceUnavailable",
-           "split_sentences", "ChunkedDecoder"]
+           "VoicePrompt", "InvalidOptions", "NothingToSay", "ServiceOverloaded", "InputTooLong",
+           "ServiceUnavailable",
+           "split_sentences"]
 
 log = logging.getLogger("pcgtts.tts")
 
@@ -81,13 +83,7 @@ class TTSConfig:
     max_num_seqs: int = 16
     max_waiting: int = 64
     max_tokens: int = 1000  # default cap on generated tokens per sentence
-    # Streaming decode, in codec frames: a small first chunk for time to first audio, then larger ones.
-    first_chunk_frames: int = 5
-    chunk_frames: int = 25
-    context_frames: int = 12  # left context decoded with every window
-    lookahead_frames: int = 6  # right context held back until more codes arrive
-    crossfade_ms: float = 5.0
-    max_decode_batch: int = 16
+    max_decode_batch: int = 16  # streams whose codec work one DecodeWorker wake-up takes together
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
 
@@ -190,8 +186,13 @@ def split_sentences(text: str, max_chars: int = 220) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- decoding
-class DecodeBatcher:
-    """One thread that decodes code windows for every stream, batching whatever is pending."""
+class DecodeWorker:
+    """One thread that runs the codec for every live stream, so the event loop never runs model code.
+
+    Jobs pending at the same moment (from any number of streams) are taken together; when the codec
+    offers `push_many(decoders, codes)` (a batched streaming decode), they go to it in one call, else
+    they run back to back.
+    """
 
     def __init__(self, codec: Codec, max_batch: int = 16):
         self.codec = codec
@@ -199,21 +200,18 @@ class DecodeBatcher:
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="pcgtts-codec", daemon=True)
         self._thread.start()
-        self.batches = 0  # codec calls made
-        self.windows = 0  # windows decoded
+        self.wakeups = 0  # times the thread picked up work
+        self.jobs_done = 0
 
-    async def decode(self, codes: np.ndarray) -> tuple[np.ndarray, float]:
-        """codes: int [n] -> (float32 audio [n * hop], seconds the batch took)."""
+    async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> tuple[np.ndarray, float]:
+        """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds taken)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put((codes, loop, future))
+        self._jobs.put((decoder, codes, loop, future))
         return await future
 
     def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
+        while (job := self._jobs.get()) is not None:
             jobs = [job]
             while len(jobs) < self.max_batch:
                 try:
@@ -224,18 +222,32 @@ class DecodeBatcher:
                     self._jobs.put(None)
                     break
                 jobs.append(more)
-            start = time.perf_counter()
+            self.wakeups += 1
+            self._process(jobs)
+
+    def _process(self, jobs: list) -> None:
+        push_many = getattr(self.codec, "push_many", None)
+        pushes = [j for j in jobs if j[1] is not None]
+        start = time.perf_counter()
+        if push_many is not None and len(pushes) > 1:
             try:
-                outputs = self.codec.decode_batch([j[0] for j in jobs])
-                error = None
-            except Exception as exc:  # handed to every waiting stream
-                outputs, error = None, exc
-            took = time.perf_counter() - start
-            self.batches += 1
-            self.windows += len(jobs)
-            for i, (_, loop, future) in enumerate(jobs):
-                result = (np.asarray(outputs[i], dtype=np.float32), took) if error is None else None
-                loop.call_soon_threadsafe(_resolve, future, result, error)
+                outputs = push_many([j[0] for j in pushes], [j[1] for j in pushes])
+                took = (time.perf_counter() - start) / len(pushes)
+                for (_, _, loop, future), audio in zip(pushes, outputs, strict=True):
+                    loop.call_soon_threadsafe(_resolve, future, (np.asarray(audio, np.float32), took), None)
+            except Exception as exc:
+                for _, _, loop, future in pushes:
+                    loop.call_soon_threadsafe(_resolve, future, None, exc)
+            jobs = [j for j in jobs if j[1] is None]
+        for decoder, codes, loop, future in jobs:
+            t0 = time.perf_counter()
+            try:
+                audio = decoder.flush() if codes is None else decoder.push(codes)
+                result, error = (np.asarray(audio, dtype=np.float32), time.perf_counter() - t0), None
+            except Exception as exc:  # handed to the waiting stream
+                result, error = None, exc
+            loop.call_soon_threadsafe(_resolve, future, result, error)
+        self.jobs_done += len(jobs) + (len(pushes) if push_many is not None and len(pushes) > 1 else 0)
 
     def close(self) -> None:
         self._jobs.put(None)
@@ -249,81 +261,6 @@ def _resolve(future: asyncio.Future, result, error) -> None:
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-class ChunkedDecoder:
-    """Streaming decode of one utterance's codes by overlapping windows.
-
-    Each window decodes frames [e - context, upto + lookahead): audio before `e` was sent already, audio
-    in [e, upto) is final, and the first `crossfade` samples beyond `upto` are held back and cross-faded
-    (raised cosine) with the next window's decode of the same samples, which sees more right context.
-    When context and look-ahead cover the codec's receptive field, the output equals a one-pass decode.
-    """
-
-    def __init__(self, batcher: DecodeBatcher, hop: int, *, first_chunk_frames: int, chunk_frames: int,
-                 context_frames: int, lookahead_frames: int, crossfade: int):
-        self._batcher = batcher
-        self.hop = hop
-        self.first_chunk_frames = first_chunk_frames
-        self.chunk_frames = chunk_frames
-        self.context = context_frames
-        self.lookahead = lookahead_frames
-        self.crossfade = min(crossfade, lookahead_frames * hop)
-        ramp = np.linspace(0.0, np.pi, self.crossfade, endpoint=False, dtype=np.float64) + np.pi / (2 * max(
-            self.crossfade, 1))
-        self._fade_in = (0.5 - 0.5 * np.cos(ramp)).astype(np.float32)  # [crossfade], 0 -> 1
-        self._codes: list[np.ndarray] = []
-        self._num_codes = 0
-        self._emitted = 0  # frames whose audio is out (up to the held-back tail)
-        self._tail: np.ndarray | None = None  # [crossfade] samples starting at frame `_emitted`
-        self.decode_s = 0.0
-
-    def _all_codes(self) -> np.ndarray:
-        if len(self._codes) > 1:
-            self._codes = [np.concatenate(self._codes)]
-        return self._codes[0] if self._codes else np.zeros(0, np.int64)
-
-    def ready(self) -> bool:
-        need = self.first_chunk_frames if self._emitted == 0 and self._tail is None else self.chunk_frames
-        return self._num_codes - self.lookahead - self._emitted >= need
-
-    def push(self, codes: np.ndarray) -> None:
-        if codes.size:
-            self._codes.append(np.asarray(codes, dtype=np.int64))
-            self._num_codes += codes.size
-
-    async def next_chunk(self, final: bool = False) -> np.ndarray:
-        """Audio that is final now (call when `ready()`, or with final=True once all codes are in)."""
-        codes = self._all_codes()
-        n = codes.size
-        upto = n if final else n - self.lookahead
-        if upto <= self._emitted:
-            return self._flush_tail() if final else np.zeros(0, np.float32)
-        start = max(0, self._emitted - self.context)
-        end = n if final else min(n, upto + self.lookahead)
-        window, took = await self._batcher.decode(codes[start:end])
-        self.decode_s += took
-        hop = self.hop
-        first = (self._emitted - start) * hop
-        last = (upto - start) * hop + (0 if final else self.crossfade)
-        piece = window[first:last].copy()
-        if self._tail is not None and self.crossfade:
-            x = min(self.crossfade, piece.size)
-            piece[:x] = self._tail[:x] * (1.0 - self._fade_in[:x]) + piece[:x] * self._fade_in[:x]
-        self._emitted = upto
-        if final:
-            self._tail = None
-            return piece
-        self._tail = piece[piece.size - self.crossfade:] if self.crossfade else None
-        return piece[:piece.size - self.crossfade]
-
-    def _flush_tail(self) -> np.ndarray:
-        tail, self._tail = self._tail, None
-        return tail if tail is not None else np.zeros(0, np.float32)
-
-    @property
-    def num_codes(self) -> int:
-        return self._num_codes
 
 
 def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) -> np.ndarray:
@@ -340,17 +277,21 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
 
 
 # ------------------------------------------------------------------------------------------- synthesis
+class NothingToSay(ValueError):
+    """The input holds nothing the model can speak (e.g. only punctuation)."""
+
+
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
-    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | None,
-                 options: SynthesisOptions):
+    def __init__(self, service: TTSService, segments: list[str], first_prompt: SpeechPrompt,
+                 voice: VoicePrompt | None, options: SynthesisOptions):
         self._service = service
         self._segments = segments
+        self._first_prompt = first_prompt  # built eagerly so unspeakable input fails before streaming
         self._voice = voice
         self._options = options
         self.stats = SynthesisStats(sample_rate=service.sample_rate)
-        self._engine_stream: AsyncIterator | None = None
         self._gen = self._generate()
 
     def __aiter__(self) -> Synthesis:
@@ -370,36 +311,46 @@ class Synthesis:
         if self.stats.finish_reason is None:
             self.stats.finish_reason = "abort"
 
+    def _prompt(self, index: int) -> SpeechPrompt | None:
+        if index == 0:
+            return self._first_prompt
+        try:
+            return self._service.family.build_prompt(self._segments[index], self._voice)
+        except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
+            log.info("skipping unspeakable segment %r", self._segments[index])
+            return None
+
     async def _generate(self) -> AsyncIterator[np.ndarray]:
-        svc, cfg = self._service, self._service.config
-        pause = np.zeros(int(cfg.sentence_pause_s * svc.sample_rate), np.float32)
+        svc = self._service
+        pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
         fade = int(0.005 * svc.sample_rate)
-        last_index = len(self._segments) - 1
-        for index, text in enumerate(self._segments):
-            if index > 0 and pause.size:
+        spoken = 0
+        for index in range(len(self._segments)):
+            prompt = self._prompt(index)
+            if prompt is None:
+                continue
+            if spoken and pause.size:
                 yield pause
             pending: np.ndarray | None = None  # one chunk held back to fade the sentence's end
-            async with aclosing(self._sentence(index, text)) as chunks:
+            async with aclosing(self._sentence(index, prompt)) as chunks:
                 async for chunk in chunks:
                     if pending is not None:
                         yield pending
-                    elif index > 0:
+                    elif spoken:
                         chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
                     pending = chunk
             if pending is not None:
-                yield _fade_edges(pending, fade, fade_in=False, fade_out=index < last_index)
+                yield _fade_edges(pending, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
+            spoken += 1
             self.stats.sentences += 1
         self.stats.finished_s = time.perf_counter() - self.stats.started_at
 
-    async def _sentence(self, index: int, text: str) -> AsyncIterator[np.ndarray]:
-        svc, cfg, opts, st = self._service, self._service.config, self._options, self.stats
-        prompt = svc.family.build_prompt(text, self._voice)
+    async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
+        svc, opts, st = self._service, self._options, self.stats
         params = svc.sampling_params(opts, prompt, index)
         st.prompt_tokens += len(prompt.token_ids)
-        decoder = ChunkedDecoder(
-            svc.batcher, svc.hop, first_chunk_frames=cfg.first_chunk_frames, chunk_frames=cfg.chunk_frames,
-            context_frames=cfg.context_frames, lookahead_frames=cfg.lookahead_frames,
-            crossfade=int(cfg.crossfade_ms * svc.sample_rate / 1000))
+        decoder = svc.codec.streaming_decoder()
+        held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
         finish_reason = None
         with _engine_errors():
             stream = svc.engine.stream(prompt.token_ids, params)
@@ -410,21 +361,26 @@ class Synthesis:
                     st.generated_tokens += len(delta.token_ids)
                     st.drafted_tokens += delta.num_drafted
                     st.accepted_tokens += delta.num_accepted
-                    decoder.push(svc.family.tokens_to_codes(delta.token_ids))
+                    codes = svc.family.tokens_to_codes(delta.token_ids)
+                    if codes.size:
+                        held.append(codes)
                     if delta.finished:
                         finish_reason = delta.finish_reason
                         break
-                    while opts.streaming and decoder.ready():
-                        chunk = await decoder.next_chunk()
-                        if chunk.size:
-                            yield chunk
-                if decoder.num_codes:
-                    chunk = await decoder.next_chunk(final=True)
-                    if chunk.size:
-                        yield chunk
+                    if opts.streaming and held:
+                        audio = await svc.decode(decoder, np.concatenate(held), st)
+                        held = []
+                        if audio.size:
+                            yield audio
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
-                st.decode_s += decoder.decode_s
+        if held:
+            audio = await svc.decode(decoder, np.concatenate(held), st)
+            if audio.size:
+                yield audio
+        audio = await svc.decode(decoder, None, st)
+        if audio.size:
+            yield audio
         # The whole request ends by "length" when any sentence ran out of tokens.
         st.finish_reason = "length" if "length" in (finish_reason, st.finish_reason) else "stop"
 
@@ -468,12 +424,9 @@ class TTSService:
         self.engine = engine
         self._presets = presets
         self.sample_rate = int(codec.sample_rate)
-        if codec.sample_rate % codec.frame_rate:
-            raise ValueError("codec sample_rate must be a multiple of its frame_rate")
-        self.hop = codec.sample_rate // codec.frame_rate
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
-        self.batcher = DecodeBatcher(codec, config.max_decode_batch)
+        self.decoder = DecodeWorker(codec, config.max_decode_batch)
 
     # -- loading
     @classmethod
@@ -482,7 +435,8 @@ class TTSService:
         from engine.async_engine import AsyncEngine
         from engine.config import EngineConfig
 
-        bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir, draft_dir=config.draft_dir)
+        bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
+                                      draft_dir=config.draft_dir)
         family = bundle.load_family()
         codec = bundle.load_codec()
         use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
@@ -504,20 +458,22 @@ class TTSService:
         return service
 
     def _load_presets(self) -> dict[str, VoicePrompt]:
-        """Preset voices of the bundle: `<name>.wav` (or .flac) + `<name>.txt` transcript."""
+        """Preset voices: the family's own (`family.voices`, e.g. the demo family's codes + transcript
+        files), else `<name>.wav|.flac` (+ `<name>.txt` transcript) in the bundle's voices directory."""
+        own = getattr(self.family, "voices", None)
+        if own:
+            default = getattr(self.family, "default_voice", None)
+            names = sorted(own, key=lambda n: (n != default, n))  # the default preset first
+            return {name: own[name] for name in names}
         presets: dict[str, VoicePrompt] = {}
         voices_dir = self.bundle.voices_dir
-        if voices_dir is None or not Path(voices_dir).is_dir():
-            return presets
-        import soundfile as sf
-
-        for audio_path in sorted(Path(voices_dir).glob("*")):
-            if audio_path.suffix.lower() not in (".wav", ".flac"):
-                continue
-            transcript_path = audio_path.with_suffix(".txt")
-            transcript = transcript_path.read_text().strip() if transcript_path.exists() else ""
-            audio, rate = sf.read(audio_path, dtype="float32", always_2d=True)
-            presets[audio_path.stem] = self.encode_voice(audio.mean(axis=1), rate, transcript)
+        files = sorted(Path(voices_dir).glob("*")) if voices_dir and Path(voices_dir).is_dir() else []
+        for audio_path in files:
+            if audio_path.suffix.lower() in (".wav", ".flac"):
+                transcript_path = audio_path.with_suffix(".txt")
+                transcript = transcript_path.read_text().strip() if transcript_path.exists() else ""
+                audio, rate = sf.read(audio_path, dtype="float32", always_2d=True)
+                presets[audio_path.stem] = self.encode_voice(audio.mean(axis=1), rate, transcript)
         return presets
 
     # -- voices
@@ -575,8 +531,8 @@ class TTSService:
             raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
                                  f"{self.acceptance_rules}.", "acceptance")
         if options.num_speculative_tokens is not None and options.num_speculative_tokens != self.engine_gamma:
-            raise InvalidOptions(f"this engine runs with num_speculative_tokens={self.engine_gamma}; per-request "
-                                 "draft lengths are not supported (set it with --num-speculative-tokens).",
+            raise InvalidOptions(f"this engine runs with num_speculative_tokens={self.engine_gamma}; "
+                                 "per-request draft lengths are not supported.",
                                  "num_speculative_tokens")
         if options.asg_table is not None and options.asg_table != self.asg_table_name:
             raise InvalidOptions(f"ASG table {options.asg_table!r} is not loaded; the engine serves "
@@ -599,15 +555,35 @@ class TTSService:
             acceptance=None if rule in (None, "none", self.engine_acceptance) else rule,
         )
 
+    def segments(self, text: str) -> list[str]:
+        """Input text -> the pieces synthesised one after another (the family's splitter if it has one)."""
+        split = getattr(self.family, "split_text", None)
+        pieces = split(text) if split is not None else split_sentences(text, self.config.sentence_max_chars)
+        return [p for p in pieces if p.strip()]
+
     def synthesize(self, text: str, voice: VoicePrompt | None, options: SynthesisOptions | None = None
                    ) -> Synthesis:
-        """Starts nothing until iterated; raises InvalidOptions / ValueError (nothing to say) at once."""
+        """Nothing runs until iterated. Raises InvalidOptions, or NothingToSay when no part of the text
+        is speakable, at once (so the server can answer with a 4xx before streaming)."""
         options = options or SynthesisOptions()
         self.validate(options)
-        segments = split_sentences(text, self.config.sentence_max_chars)
-        if not segments:
-            raise ValueError("the input holds nothing to speak")
-        return Synthesis(self, segments, voice, replace(options))
+        segments = self.segments(text)
+        while segments:
+            try:
+                first = self.family.build_prompt(segments[0], voice)
+                break
+            except ValueError:
+                segments = segments[1:]
+        else:
+            raise NothingToSay("the input holds nothing this model can speak")
+        return Synthesis(self, segments, first, voice, replace(options))
+
+    async def decode(self, decoder: StreamingDecoder, codes: np.ndarray | None, stats: SynthesisStats
+                     ) -> np.ndarray:
+        """Codes -> final audio via the decode thread (codes None flushes the utterance's decoder)."""
+        audio, took = await self.decoder.push(decoder, codes)
+        stats.decode_s += took
+        return audio
 
     # -- monitoring and shutdown
     def engine_stats(self) -> EngineStats:
@@ -616,14 +592,15 @@ class TTSService:
         return EngineStats(
             num_running=int(get("num_running", 0)), num_waiting=int(get("num_waiting", 0)),
             kv_usage=float(get("kv_usage", 0.0)), prompt_tokens=int(get("prompt_tokens", 0)),
-            generation_tokens=int(get("generation_tokens", 0)), spec_num_drafts=int(get("spec_num_drafts", 0)),
+            generation_tokens=int(get("generation_tokens", 0)),
+            spec_num_drafts=int(get("spec_num_drafts", 0)),
             spec_drafted_tokens=int(get("spec_drafted_tokens", 0)),
             spec_accepted_tokens=int(get("spec_accepted_tokens", 0)),
             spec_accepted_per_position=[int(v) for v in get("spec_accepted_per_position", []) or []],
             preemptions=int(get("preemptions", 0)))
 
     def close(self) -> None:
-        self.batcher.close()
+        self.decoder.close()
         shutdown = getattr(self.engine, "shutdown", None) or getattr(self.engine, "close", None)
         if shutdown is not None:
             shutdown()

@@ -81,7 +81,8 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
 
     app.add_middleware(GuardMiddleware, body_limit=_body_limit(settings), api_key=settings.api_key)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=[o.strip() for o in settings.cors_origins.split(",")],
+        origins = [o.strip() for o in settings.cors_origins.split(",")]
+        app.add_middleware(CORSMiddleware, allow_origins=origins,
                            allow_methods=["*"], allow_headers=["*"])
     for module in (speech, voices, ws, system, playground):
         app.include_router(module.router)

@@ -99,7 +99,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
         param = None
     elif param:
         msg = f"Invalid value for '{param}': {msg}"
-    return APIError(400, msg, param=param, code=_CODE_BY_PYDANTIC_TYPE.get(first.get("type"), "invalid_value"))
+    code = _CODE_BY_PYDANTIC_TYPE.get(first.get("type"), "invalid_value")
+    return APIError(400, msg, param=param, code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -18,7 +18,8 @@ PREFIX = "pcgtts:"
 # Resolution below 300 ms, where time-to-first-audio targets live.
 TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
+                   300.0)
 UNDERRUN_BUCKETS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 # A stream whose worst stall stays below this is "continuous" (vLLM-Omni's threshold).
 CONTINUITY_THRESHOLD_S = 0.1
@@ -94,7 +95,8 @@ class EngineCollector:
             c.add_metric([self._model], float(value))
             yield c
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
-                                      "Draft tokens accepted, by draft position.", labels=["model_name", "position"])
+                                      "Draft tokens accepted, by draft position.",
+                                      labels=["model_name", "position"])
         for position, value in enumerate(s.spec_accepted_per_position):
             per_pos.add_metric([self._model, str(position)], float(value))
         yield per_pos
@@ -106,11 +108,12 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         r, lab = self.registry, ["model_name"]
         self.ttfa = Histogram(PREFIX + "audio_time_to_first_chunk_seconds",
-                              "Request received -> first audio bytes sent.", lab, buckets=TTFA_BUCKETS, registry=r)
+                              "Request received -> first audio bytes sent.", lab, buckets=TTFA_BUCKETS,
+                              registry=r)
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds",
                               "Request received -> first speech token generated.", lab, buckets=TTFA_BUCKETS,
                               registry=r)
-        self.rtf = Histogram(PREFIX + "audio_rtf", "Wall time / audio duration per request (lower is faster).",
+        self.rtf = Histogram(PREFIX + "audio_rtf", "Wall time / audio duration per request (lower = faster).",
                              lab, buckets=RTF_BUCKETS, registry=r)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Request received -> last byte sent.",
                              lab, buckets=LATENCY_BUCKETS, registry=r)
@@ -118,8 +121,8 @@ class ServerMetrics:
                                   "Worst playback stall of a stream started at its first chunk.", lab,
                                   buckets=UNDERRUN_BUCKETS, registry=r)
         self.continuity_ok = Counter(PREFIX + "audio_continuity_ok",
-                                     f"Streams whose worst stall stayed below {CONTINUITY_THRESHOLD_S} s.", lab,
-                                     registry=r)
+                                     f"Streams whose worst stall stayed below {CONTINUITY_THRESHOLD_S} s.",
+                                     lab, registry=r)
         self.audio_seconds = Counter(PREFIX + "audio_seconds", "Seconds of audio produced.", lab, registry=r)
         self.requests = Counter(PREFIX + "requests", "Speech requests by format, stream mode and status.",
                                 ["model_name", "format", "stream_mode", "status"], registry=r)

@@ -35,8 +35,8 @@ class SamplingFields(BaseModel):
     asg_table: str | None = Field(
         None, description="Name of a loaded ASG table (θ choice) for PCG, see GET /v1/models.")
     ref_audio: str | None = Field(
-        None, description="Inline speaker prompt: reference audio as base64 or a `data:audio/...;base64,` URL "
-                          "(WAV/FLAC/MP3/OGG). Overrides `voice`.")
+        None, description="Inline speaker prompt: reference audio as base64 or a `data:audio/...;base64,` "
+                          "URL (WAV/FLAC/MP3/OGG). Overrides `voice`.")
     ref_text: str | None = Field(None, max_length=2000, description="Transcript of `ref_audio`.")
 
 
@@ -96,7 +96,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "pcgtts"
-    pcgtts: dict | None = Field(None, description="Serving details: sample rate, acceptance rules, ASG tables.")
+    pcgtts: dict | None = Field(None, description="Serving details: sample rate, rules, ASG table.")
 
 
 class ModelList(BaseModel):

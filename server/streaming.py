@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from engine.tts import (
     InputTooLong,
     InvalidOptions,
+    NothingToSay,
     ServiceOverloaded,
     ServiceUnavailable,
     Synthesis,
@@ -54,8 +55,9 @@ def service_error(exc: Exception) -> APIError:
                            code="input_too_long")
     if isinstance(exc, ServiceUnavailable):
         return APIError(503, "The engine is shutting down.", code="engine_unavailable")
-    if isinstance(exc, ValueError):  # e.g. nothing speakable in the input
-        return APIError(422, f"Cannot synthesise this input: {exc}", param="input", code="unprocessable_input")
+    if isinstance(exc, NothingToSay):
+        return APIError(422, f"Cannot synthesise this input: {exc}", param="input",
+                        code="unprocessable_input")
     raise exc
 
 
@@ -63,7 +65,7 @@ def open_synthesis(service: TTSService, text: str, voice: VoicePrompt | None,
                    options: SynthesisOptions) -> Synthesis:
     try:
         return service.synthesize(text, voice, options)
-    except (InvalidOptions, ValueError) as exc:
+    except (InvalidOptions, NothingToSay) as exc:
         raise service_error(exc) from exc
 
 

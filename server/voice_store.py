@@ -89,7 +89,8 @@ class VoiceStore:
         for d in (self.root, self._audio_dir, self._codes_dir):
             d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / "voices.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(self.root / "voices.sqlite3", check_same_thread=False,
+                                   isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(_SCHEMA)

@@ -67,8 +67,8 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         return await _whole(body, request, synth, first, run, service.sample_rate)
     pipeline = OutputPipeline(body.response_format, service.sample_rate, speed=body.speed)
     if sse:
-        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run), media_type="text/event-stream",
-                                         headers=_STREAM_HEADERS)
+        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run),
+                                         media_type="text/event-stream", headers=_STREAM_HEADERS)
     return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run),
                                      media_type=content_type(body.response_format), headers=_STREAM_HEADERS)
 

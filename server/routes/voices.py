@@ -74,9 +74,11 @@ async def create_voice(
     audio = await asyncio.to_thread(state.limits.decode, data, "audio_sample")
     prompt = await asyncio.to_thread(service.encode_voice, audio.samples, audio.sample_rate, text)
     try:
-        voice = await asyncio.to_thread(state.store.create, name, text, audio.samples, audio.sample_rate, consent)
+        voice = await asyncio.to_thread(state.store.create, name, text, audio.samples, audio.sample_rate,
+                                        consent)
     except VoiceExistsError as exc:
-        raise APIError(409, f"A voice named {name!r} exists already.", param="name", code="voice_exists") from exc
+        raise APIError(409, f"A voice named {name!r} exists already.", param="name",
+                       code="voice_exists") from exc
     await asyncio.to_thread(state.store.save_codes, voice.id, service.codec_key, prompt.codes)
     return _uploaded(voice)
 

@@ -92,8 +92,8 @@ class Session:
         await self.send_json(payload)
 
     async def run(self) -> None:
-        await self.send_json({"type": "session.created", "format": "pcm", "sample_rate": self.config.sample_rate,
-                              "model": self.state.model_name})
+        await self.send_json({"type": "session.created", "format": "pcm",
+                              "sample_rate": self.config.sample_rate, "model": self.state.model_name})
         worker = asyncio.create_task(self._work())
         try:
             while True:
@@ -136,7 +136,8 @@ class Session:
             if not isinstance(piece, str):
                 await self.send_error(APIError(400, "input.text needs a string 'text'.", param="text"))
             elif sum(map(len, self.pending)) + len(piece) > MAX_INPUT_CHARS:
-                await self.send_error(APIError(400, f"An utterance holds at most {MAX_INPUT_CHARS} characters.",
+                limit = f"An utterance holds at most {MAX_INPUT_CHARS} characters."
+                await self.send_error(APIError(400, limit,
                                                param="text", code="string_above_max_length"))
             else:
                 self.pending.append(piece)
@@ -167,7 +168,8 @@ class Session:
             cancelled = self.current.cancelled()
             self.current = None
             if cancelled:
-                await self.send_json({**progress, "type": "audio.done", "utterance_id": uid, "cancelled": True})
+                await self.send_json({**progress, "type": "audio.done", "utterance_id": uid,
+                                      "cancelled": True})
 
     async def _speak(self, uid: int, text: str, config: SessionConfig, progress: dict) -> None:
         state = self.state

@@ -1,0 +1,26 @@
+"""Shared fixtures. Server tests: one model bundle and one TTS service per session (see server_support)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_bundle(tmp_path_factory):
+    """The embedded model when its weights exist, else a tiny random bundle with the real family/codec."""
+    from server_support import build_tiny_bundle, embedded_model_ready
+
+    from engine.bundle import DEFAULT_MODEL_DIR
+
+    if embedded_model_ready():
+        return DEFAULT_MODEL_DIR
+    return build_tiny_bundle(tmp_path_factory.mktemp("tiny-bundle"))
+
+
+@pytest.fixture(scope="session")
+def tts_service(demo_bundle):
+    from engine.tts import TTSConfig, TTSService
+
+    service = TTSService.load(TTSConfig(model_dir=demo_bundle))
+    yield service
+    service.close()

@@ -1,0 +1,124 @@
+"""Helpers for the server tests: a model bundle to serve, a real uvicorn server on a loopback port, and
+test audio.
+
+`demo_bundle_dir()` prefers the embedded model (models/demo-en, once its trained weights exist); until
+then it builds a tiny *random* bundle with the real demo family and codec: random Llama target and draft
+(transformers), a random codec codebook, an ASG table from the target's code embeddings and two preset
+voices. Random weights speak noise, but every interface (prompts, constraint, speculative decoding,
+streaming codec decode) is the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from engine.bundle import DEFAULT_MODEL_DIR, MANIFEST
+
+TINY_CODEBOOK = 1024  # codes; with 160 marker slots a random model speaks ~6 frames per phoneme
+SENTENCES = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the sea shore.",
+             "How much wood would a woodchuck chuck?", "Pack my box with five dozen liquor jugs.",
+             "Numbers like 42 and 7, vowels and consonants: a e i o u, th sh ch ng zh."]
+
+
+def embedded_model_ready(root: Path = DEFAULT_MODEL_DIR) -> bool:
+    return (root / MANIFEST).exists() and any((root / "target").glob("*.safetensors"))
+
+
+def build_tiny_bundle(root: Path, seed: int = 0) -> Path:
+    from engine_support import save_draft_from, save_tiny_llama
+
+    from asg_tables import build_asg
+    from engine.codec.demo import DemoMelCodec
+    from engine.speech.demo_espeak import phonemize
+    from engine.speech.demo_layout import DemoVocab
+
+    root.mkdir(parents=True, exist_ok=True)
+    inventory = sorted({p for s in SENTENCES for p in phonemize(s)})
+    vocab = DemoVocab(phonemes=tuple(inventory), codebook_size=TINY_CODEBOOK)
+    vocab.save(root / "family.json")
+    spec = json.loads((root / "family.json").read_text())
+    (root / "family.json").write_text(json.dumps({**spec, "default_voice": "tiny-a"}, indent=1))
+
+    gen = torch.Generator().manual_seed(seed)
+    codebook = -5.0 + 4.0 * torch.rand(TINY_CODEBOOK, 80, generator=gen)  # plausible log-mel levels
+    DemoMelCodec(codebook).save(root / "codec")
+
+    save_tiny_llama(root / "target", vocab=vocab.vocab_size, hidden=64, layers=2, seed=seed,
+                    max_positions=4096)
+    save_draft_from(root / "target", root / "draft", layers=1, noise=0.3, seed=seed + 1)
+    weights = load_file(next((root / "target").glob("*.safetensors")))
+    embeddings = weights["model.embed_tokens.weight"][vocab.code_offset:].float()  # [K, D]
+    build_asg(embeddings, 0.25, offset=vocab.code_offset, vocab_size=vocab.vocab_size,
+              progress=False).save(root / "asg.safetensors")
+
+    rng = np.random.default_rng(seed)
+    (root / "voices").mkdir(exist_ok=True)
+    for name in ("tiny-a", "tiny-b"):
+        codes = rng.integers(0, TINY_CODEBOOK, size=60).tolist()
+        voice = {"codes": codes, "transcript": "a test voice"}
+        (root / "voices" / f"{name}.json").write_text(json.dumps(voice))
+    manifest = {"family": "demo-phoneme", "codec_type": "demo-mel", "target": "target", "draft": "draft",
+                "codec": "codec", "asg_table": "asg.safetensors", "voices": "voices"}
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """The real app on a real uvicorn server in a background thread, on 127.0.0.1:<free port>."""
+
+    def __init__(self, settings, service=None):
+        import uvicorn
+
+        from server.app import create_app
+
+        self.settings = settings
+        self.app = create_app(settings, service)
+        self.port = settings.port
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                ws="websockets", timeout_graceful_shutdown=3)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
+
+    @property
+    def state(self):
+        return self.app.state.pcgtts
+
+    def start(self, ready_timeout: float = 300.0) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + ready_timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        while self.state.service is None:
+            if self.state.load_error or time.monotonic() > deadline:
+                raise RuntimeError(f"model did not load: {self.state.load_error}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+
+
+def tone(seconds: float, rate: int = 22050, freq: float = 180.0) -> np.ndarray:
+    """A voiced-sounding test clip: a harmonic-rich tone with a slow amplitude envelope, float32."""
+    t = np.arange(int(seconds * rate)) / rate
+    wave = sum(np.sin(2 * np.pi * freq * k * t) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.0 * t)
+    return (0.2 * wave * envelope).astype(np.float32)
