@@ -24,3 +24,17 @@ def tts_service(demo_bundle):
     service = TTSService.load(TTSConfig(model_dir=demo_bundle))
     yield service
     service.close()
+
+
+@pytest.fixture(scope="module")
+def live_server(demo_bundle, tts_service, tmp_path_factory):
+    """A real uvicorn server on a loopback port serving the shared TTS service, one per test module."""
+    from server_support import LiveServer, free_port
+
+    from server.settings import ServerSettings
+
+    settings = ServerSettings(model=str(demo_bundle), port=free_port(),
+                              data_dir=str(tmp_path_factory.mktemp("server-data")))
+    server = LiveServer(settings, tts_service).start()
+    yield server
+    server.stop()

@@ -1,0 +1,133 @@
+"""Output encoders, tempo, resampling and upload decoding of the server (real encoders, no mocks)."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+from server_support import tone
+
+from server.audio.decode import AudioDecodeError, decode_audio, decode_base64_audio
+from server.audio.encoders import UNKNOWN_SIZE, float_to_pcm16, make_encoder, wav_header
+from server.audio.formats import CONTENT_TYPES, RESPONSE_FORMATS, content_type
+from server.audio.pipeline import OutputPipeline, Resampler, encode_whole
+
+RATE = 16000
+
+
+def _decode_any(data: bytes) -> tuple[np.ndarray, int]:
+    """Container bytes -> (mono float32, rate) with PyAV (independent of our own decode path)."""
+    with av.open(io.BytesIO(data)) as container:
+        rate = container.streams.audio[0].codec_context.sample_rate
+        to_float = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        audio = [out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
+                 for out in to_float.resample(frame)]
+    return np.concatenate(audio), rate
+
+
+def _stream(fmt: str, audio: np.ndarray, chunk: int, **kw) -> list[bytes]:
+    pipe = OutputPipeline(fmt, RATE, **kw)
+    parts = [pipe.process(audio[i:i + chunk]) for i in range(0, audio.size, chunk)]
+    return parts + [pipe.finish()]
+
+
+def test_pcm16_is_little_endian_clipped_and_rounded():
+    data = float_to_pcm16(np.array([0.0, 0.5, -1.0, 2.0, -3.0, 1 / 65534], np.float32))
+    assert struct.unpack("<6h", data) == (0, 16384, -32767, 32767, -32767, 0)
+
+
+def test_streamed_wav_has_one_header_with_unknown_sizes():
+    enc = make_encoder("wav", 24000)
+    first, second, tail = enc.encode(np.zeros(10, np.float32)), enc.encode(np.zeros(5, np.float32)), enc.finish()
+    assert first[:4] == b"RIFF" and first[8:16] == b"WAVEfmt "
+    assert struct.unpack("<I", first[4:8])[0] == UNKNOWN_SIZE and struct.unpack("<I", first[40:44])[0] == UNKNOWN_SIZE
+    assert struct.unpack("<IHHIIHH", first[16:36]) == (16, 1, 1, 24000, 48000, 2, 16)
+    assert len(first) == 44 + 20 and len(second) == 10 and tail == b""
+    # A reader that honours the header still gets the samples (soundfile stops at end of data).
+    audio, rate = sf.read(io.BytesIO(first + second), dtype="int16")
+    assert rate == 24000 and audio.size == 15
+
+
+def test_known_length_wav_header_matches_soundfile():
+    audio = tone(0.5, RATE)
+    data = encode_whole("wav", audio, RATE)
+    assert data[:44] == wav_header(24000, (len(data) - 44) // 2)
+    decoded, rate = sf.read(io.BytesIO(data), dtype="float32")
+    assert rate == 24000 and abs(decoded.size - 12000) <= 1
+
+
+@pytest.mark.parametrize("fmt", RESPONSE_FORMATS)
+def test_every_format_streams_and_decodes_to_the_right_length(fmt):
+    audio = tone(1.5, RATE)
+    parts = _stream(fmt, audio, 1600)
+    data = b"".join(parts)
+    # Bytes leave before the end: a real stream, not one blob at finish().
+    assert sum(1 for p in parts[:-1] if p) >= 5
+    if fmt == "pcm":
+        decoded, rate = np.frombuffer(data, "<i2").astype(np.float32) / 32768, 24000
+    else:
+        decoded, rate = _decode_any(data)
+    expected = 1.5 * rate
+    # Lossy codecs add encoder delay and frame padding (aac: 1024 priming + up to 1024 padding samples).
+    assert expected - 2 <= decoded.size <= expected + 0.1 * rate, (fmt, decoded.size, expected)
+    assert np.sqrt(np.mean(decoded ** 2)) == pytest.approx(np.sqrt(np.mean(audio ** 2)), rel=0.25)
+
+
+def test_content_types_and_pcm_rate():
+    assert set(CONTENT_TYPES) == set(RESPONSE_FORMATS)
+    assert content_type("mp3") == "audio/mpeg" and content_type("opus") == "audio/opus"
+    assert content_type("pcm") == "audio/pcm;rate=24000"
+
+
+def test_chunked_resampling_equals_one_shot():
+    audio = tone(1.0, RATE)
+    streamed = Resampler(RATE, 24000)
+    pieces = [streamed.process(audio[i:i + 777]) for i in range(0, audio.size, 777)]
+    pieces.append(streamed.process(np.zeros(0, np.float32), last=True))
+    chunked = np.concatenate(pieces)
+    whole = Resampler(RATE, 24000).process(audio, last=True)
+    assert chunked.size == whole.size == 24000
+    assert np.max(np.abs(chunked - whole)) < 1e-5
+
+
+@pytest.mark.parametrize("speed", [0.25, 0.5, 1.5, 4.0])
+def test_speed_changes_duration_not_pitch(speed):
+    audio = tone(2.0, RATE, freq=200.0)
+    pcm = np.frombuffer(b"".join(_stream("pcm", audio, 1600, speed=speed)), "<i2").astype(np.float32)
+    assert pcm.size == pytest.approx(2.0 * 24000 / speed, rel=0.05)  # atempo trims a little at the end
+    spectrum = np.abs(np.fft.rfft(pcm * np.hanning(pcm.size)))
+    peak_hz = np.argmax(spectrum) * 24000 / pcm.size
+    assert peak_hz == pytest.approx(200.0, rel=0.05)
+
+
+@pytest.mark.parametrize("container", ["WAV", "FLAC", "OGG", "MP3"])
+def test_uploads_decode_to_mono_float(container):
+    stereo = np.stack([tone(1.2, 22050), tone(1.2, 22050)], axis=1)
+    buf = io.BytesIO()
+    sf.write(buf, stereo, 22050, format=container)
+    decoded = decode_audio(buf.getvalue())
+    assert decoded.sample_rate == 22050 and decoded.samples.ndim == 1
+    assert decoded.duration == pytest.approx(1.2, abs=0.06)
+
+
+def test_streamed_flac_with_unknown_length_is_accepted():
+    decoded = decode_audio(encode_whole("flac", tone(1.0, RATE), RATE))
+    assert decoded.duration == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("data", [b"", b"definitely not audio " * 50, b"RIFF\x00\x00\x00\x00WAVE"])
+def test_non_audio_is_rejected(data):
+    with pytest.raises(AudioDecodeError):
+        decode_audio(data)
+
+
+def test_base64_and_data_urls():
+    raw = b"\x01\x02\x03"
+    assert decode_base64_audio("AQID") == raw
+    assert decode_base64_audio("data:audio/wav;base64,AQID") == raw
+    with pytest.raises(AudioDecodeError):
+        decode_base64_audio("not base64!")
