@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from engine.model.config import LlamaConfig
 from engine.model.loader import load_llama, resolve_dtype
 from engine.model_runner import ModelRunner
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence as Seq
 from engine.spec_decode import SpeculativeDecoder
 
 DEFAULT_KV_TOKENS = 16384
@@ -92,7 +93,7 @@ class Engine:
                                           self.shared_generator)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
-        self.requests: dict[str, Sequence] = {}
+        self.requests: dict[str, Seq] = {}
         self.counters = Counters(gamma=self.gamma)
         self._arrivals = itertools.count()
 
@@ -148,7 +149,7 @@ class Engine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
-        seq = Sequence(request_id=request_id, prompt_len=len(prompt_ids), token_ids=prompt_ids,
+        seq = Seq(request_id=request_id, prompt_len=len(prompt_ids), token_ids=prompt_ids,
                        params=params, generator=generator, arrival=next(self._arrivals))
         self.scheduler.add(seq)
         self.requests[request_id] = seq
@@ -182,7 +183,7 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Seq, reason: str) -> None:
         self.scheduler.remove(seq)
         seq.finish_reason = reason
         self.counters.finished[reason] += 1
@@ -217,7 +218,7 @@ class Engine:
             outputs.append(self._output(seq, result.gamma, k))
         return outputs
 
-    def _append(self, seq: Sequence, tokens: list[int]) -> str | None:
+    def _append(self, seq: Seq, tokens: list[int]) -> str | None:
         """Append emitted tokens up to a stop token or a length limit; returns the finish reason."""
         params = seq.params
         limit = min(params.max_tokens, self.max_model_len - seq.prompt_len)
@@ -236,19 +237,19 @@ class Engine:
         self.counters.generation_tokens += seq.length - start
         return reason
 
-    def _output(self, seq: Sequence, drafted: int, accepted: int) -> RequestOutput:
+    def _output(self, seq: Seq, drafted: int, accepted: int) -> RequestOutput:
         new = seq.token_ids[seq.prompt_len + seq.num_streamed:]
         seq.num_streamed += len(new)
         return RequestOutput(request_id=seq.request_id, token_ids=new, finished=seq.is_finished,
                              finish_reason=seq.finish_reason, num_drafted=drafted, num_accepted=accepted)
 
     # ---- blocking batch API -----------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]],
-                 params: SamplingParams | list[SamplingParams]) -> list[Generation]:
+    def generate(self, prompts: Sequence[list[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[Generation]:
         """Run all prompts to completion (continuous batching) and return them in order."""
-        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         pending = deque(zip(prompts, per_prompt, strict=True))
-        seqs: list[Sequence] = []
+        seqs: list[Seq] = []
         while pending or self.has_unfinished():
             while pending and len(self.scheduler.waiting) < self.config.max_waiting:
                 prompt, p = pending.popleft()

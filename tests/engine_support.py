@@ -10,9 +10,11 @@ import torch
 def save_tiny_llama(path: Path, *, vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
                     kv_heads: int = 2, intermediate: int = 128, tie: bool = False, rope_scaling: dict | None = None,
                     seed: int = 0, init_std: float = 0.1, max_positions: int = 2048,
-                    dtype: torch.dtype = torch.float32) -> Path:
+                    residual_gain: float = 1.0, dtype: torch.dtype = torch.float32) -> Path:
     """A random LlamaForCausalLM saved with save_pretrained; init_std well above HF's 0.02 so that
-    next-token distributions are peaked enough to make greedy decoding and acceptance meaningful."""
+    next-token distributions are peaked enough to make greedy decoding and acceptance meaningful.
+    residual_gain < 1 shrinks what each layer adds to the residual stream (o_proj, down_proj), so that a
+    draft made of the first layers agrees with the target often, like a trained draft does."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
@@ -25,11 +27,14 @@ def save_tiny_llama(path: Path, *, vocab: int = 512, hidden: int = 64, layers: i
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif "o_proj" in name or "down_proj" in name:
+                p.mul_(residual_gain)
     model.save_pretrained(path)
     return path
 
 
-def save_draft_from(target_dir: Path, path: Path, *, layers: int = 1, noise: float = 0.0, seed: int = 1) -> Path:
+def save_draft_from(target_dir: Path, path: Path, *, layers: int = 1, noise: float = 0.0,
+                    seed: int = 1) -> Path:
     """A draft that keeps the target's embeddings, head and first `layers` layers (plus noise), so that it
     agrees with the target often but not always."""
     from transformers import LlamaForCausalLM

@@ -1,0 +1,155 @@
+"""Sampled speculative decoding has the target's distribution (after penalty, constraint and warping).
+
+The reference distribution is computed independently: transformers' model, its logits processors
+(repetition penalty, temperature, top-k, top-p) and the constraint, position by position.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_support import hf_model, save_draft_from, save_tiny_llama
+from scipy.stats import chisquare
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.speech.base import DecodeConstraint
+
+V = 12
+GROUP = [8, 9, 10]  # "markers": the constraint moves their joint mass onto one of them
+PROMPT = [1, 2, 3, 8]
+ALPHA = 1e-3
+
+
+class MergeOnto(DecodeConstraint):
+    """All mass of GROUP goes to GROUP[len(history) % 3]: history-dependent, like the phoneme-marker merge."""
+
+    def apply(self, logits, histories):
+        out = logits.clone()
+        for i, history in enumerate(histories):
+            merged = torch.logsumexp(logits[i, GROUP], dim=0)
+            out[i, GROUP] = float("-inf")
+            out[i, GROUP[len(history) % len(GROUP)]] = merged
+        return out
+
+
+SETTINGS = {
+    "penalty+constraint+topk": SamplingParams(temperature=0.8, top_k=7, repetition_penalty=1.5, max_tokens=2,
+                                              constraint=MergeOnto()),
+    "topp": SamplingParams(temperature=1.3, top_p=0.8, max_tokens=2),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sampling")
+    target = save_tiny_llama(root / "target", vocab=V, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                             layers=2, seed=21, init_std=0.3)
+    draft = save_draft_from(target, root / "draft", layers=2, noise=0.5)
+    return target, draft
+
+
+def reference_probs(hf, tokens: list[int], generated: list[int], params: SamplingParams) -> torch.Tensor:
+    from transformers import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        scores = hf(ids).logits[:, -1].float()
+    if params.repetition_penalty != 1:
+        scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(ids, scores)
+    if params.constraint is not None:
+        scores = params.constraint.apply(scores, [generated])
+    scores = TemperatureLogitsWarper(params.temperature)(ids, scores)
+    if params.top_k:
+        scores = TopKLogitsWarper(params.top_k)(ids, scores)
+    if params.top_p < 1:
+        scores = TopPLogitsWarper(params.top_p)(ids, scores)
+    return torch.softmax(scores, dim=-1)[0].double()
+
+
+def reference_joint(target_dir, params: SamplingParams) -> torch.Tensor:
+    """P(x1, x2) [V, V] of the processed target."""
+    hf = hf_model(target_dir)
+    p1 = reference_probs(hf, PROMPT, [], params)
+    joint = torch.zeros(V, V, dtype=torch.float64)
+    for x1 in range(V):
+        if p1[x1] > 0:
+            joint[x1] = p1[x1] * reference_probs(hf, PROMPT + [x1], [x1], params)
+    return joint
+
+
+def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Pearson chi-square of counts against probabilities, cells with expected < 5 pooled."""
+    n = counts.sum()
+    expected = expected_probs.flatten() * n
+    counts = counts.flatten().double()
+    assert counts[expected == 0].sum() == 0, "a token the target rules out was emitted"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def empirical_joint(engine: Engine, params: SamplingParams, n: int) -> torch.Tensor:
+    counts = torch.zeros(V, V, dtype=torch.long)
+    for g in engine.generate([PROMPT] * n, params):
+        counts[g.token_ids[0], g.token_ids[1]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("rule", ["exact", "pcg-singletons"])
+def test_speculative_sampling_has_target_distribution(models, tmp_path, setting, rule):
+    target, draft = models
+    params = SETTINGS[setting]
+    config = EngineConfig(target=target, draft=draft, num_speculative_tokens=2, max_num_seqs=256,
+                          max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=7)
+    if rule == "pcg-singletons":
+        from asg_tables import ASGTable
+
+        ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+        config.acceptance, config.asg_table = "pcg", tmp_path / "singletons.asg"
+    engine = Engine(config)
+    counts = empirical_joint(engine, params, n=3000)
+    expected = reference_joint(target, params)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    m = engine.metrics()
+    assert 0.2 < m.spec_accepted_tokens / m.spec_drafted_tokens < 0.95  # rejections were resampled
+
+
+def test_target_only_sampling_has_target_distribution(models):
+    params = SETTINGS["penalty+constraint+topk"]
+    engine = Engine(EngineConfig(target=models[0], max_num_seqs=256, max_waiting=4096, seed=3))
+    assert chi2_pvalue(empirical_joint(engine, params, n=2000), reference_joint(models[0], params)) > ALPHA
+
+
+def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
+    from asg_tables import ASGTable
+
+    ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+    prompts = [[t % V for t in range(s, s + 3 + s % 5)] for s in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=16, constraint=MergeOnto(), repetition_penalty=1.2)
+    outs = {}
+    for rule in ("exact", "pcg"):
+        engine = Engine(EngineConfig(target=models[0], draft=models[1], acceptance=rule,
+                                     asg_table=tmp_path / "singletons.asg", num_speculative_tokens=3))
+        outs[rule] = [g.token_ids for g in engine.generate(prompts, params)]
+    target_only = Engine(EngineConfig(target=models[0]))
+    assert outs["exact"] == outs["pcg"] == [g.token_ids for g in target_only.generate(prompts, params)]
+
+
+def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
+    engine = Engine(EngineConfig(target=models[0], draft=models[1], num_speculative_tokens=3, seed=1))
+    params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
+    alone = engine.generate([PROMPT], params)[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]
+    crowd = engine.generate([[5, 6], PROMPT, [7, 7, 7], [1]], [others[0], params, others[1], others[2]])
+    assert crowd[1].token_ids == alone
+    other_seed = engine.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=30, seed=99))[0]
+    assert other_seed.token_ids != alone
