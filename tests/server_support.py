@@ -90,7 +90,7 @@ class LiveServer:
         self.port = settings.port
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                ws="websockets", timeout_graceful_shutdown=3)
+                                timeout_graceful_shutdown=3)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
 

@@ -1,0 +1,173 @@
+"""The speech API through the official `openai` client against a real server on a loopback port."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+
+TEXT = "Hello there, nice to meet you."
+SEED = {"seed": 11}
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", "flac": "audio/flac",
+                 "wav": "audio/wav", "pcm": "audio/pcm"}
+
+
+@pytest.fixture(scope="module")
+def client(live_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference_pcm(client) -> np.ndarray:
+    """The utterance as raw 24 kHz PCM; every other format must decode to the same length."""
+    data = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="pcm",
+                                      extra_body=SEED).read()
+    assert len(data) % 2 == 0
+    return np.frombuffer(data, "<i2")
+
+
+def decoded_seconds(fmt: str, data: bytes) -> float:
+    if fmt == "pcm":
+        return len(data) / 2 / 24000
+    with av.open(io.BytesIO(data)) as container:
+        frames = list(container.decode(audio=0))
+        rate = container.streams.audio[0].codec_context.sample_rate
+    assert rate in (24000, 48000)  # Opus decoders run at 48 kHz; the stream says 24 kHz
+    return sum(f.samples for f in frames) / rate
+
+
+def test_health_ready_and_models(live_server):
+    assert httpx.get(live_server.url + "/health").json() == {"status": "ok"}
+    ready = httpx.get(live_server.url + "/ready")
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    models = httpx.get(live_server.url + "/v1/models").json()
+    card = models["data"][0]
+    assert models["object"] == "list" and card["object"] == "model"
+    assert card["pcgtts"]["sample_rate"] == live_server.state.service.sample_rate
+    assert "exact" in card["pcgtts"]["acceptance_rules"]
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
+def test_every_format_create_and_streaming_response(client, reference_pcm, fmt):
+    expected = reference_pcm.size / 24000
+    assert expected > 0.2
+    whole = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format=fmt,
+                                       extra_body=SEED)
+    assert whole.response.headers["content-type"].startswith(CONTENT_TYPES[fmt])
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=TEXT,
+                                                            response_format=fmt, extra_body=SEED) as response:
+        assert response.headers["content-type"].startswith(CONTENT_TYPES[fmt])
+        assert response.headers.get("transfer-encoding") == "chunked"
+        streamed = b"".join(response.iter_bytes())
+    for data in (whole.read(), streamed):
+        seconds = decoded_seconds(fmt, data)
+        # Same seed, same audio; lossy encoders add < 0.1 s of priming/padding.
+        assert expected - 0.001 <= seconds <= expected + 0.1, (fmt, seconds, expected)
+    if fmt in ("pcm", "wav", "flac"):  # lossless: byte-identical PCM content
+        assert streamed == whole.read()
+
+
+def test_whole_wav_has_exact_sizes(client, reference_pcm):
+    data = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="wav",
+                                      extra_body={**SEED, "stream": False}).read()
+    assert int.from_bytes(data[4:8], "little") == len(data) - 8
+    assert int.from_bytes(data[40:44], "little") == len(data) - 44
+    assert abs((len(data) - 44) // 2 - reference_pcm.size) <= 1
+
+
+def test_sse_events(client, reference_pcm):
+    with client.audio.speech.with_streaming_response.create(
+            model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format="pcm", stream_format="sse",
+            extra_body=SEED) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        body = response.read().decode()
+    events = [json.loads(block[len("data: "):]) for block in body.split("\n\n") if block.strip()]
+    assert all(block.startswith("data: ") for block in body.split("\n\n") if block.strip())
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert len(deltas) >= 1 and events[-1]["type"] == "speech.audio.done"
+    assert [e["type"] for e in events].count("speech.audio.done") == 1
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["audio"]) for e in deltas), "<i2")
+    assert np.array_equal(pcm, reference_pcm)
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_voice_by_preset_name_and_id_object(client, live_server):
+    voices = httpx.get(live_server.url + "/v1/audio/voices").json()["data"]
+    presets = [v for v in voices if v["kind"] == "preset"]
+    assert presets, "the model ships preset voices"
+    name = presets[-1]["id"]
+    for voice in (name, {"id": name}):
+        audio = client.audio.speech.create(model="pcgtts", voice=voice, input="Yes.", response_format="wav",
+                                           extra_body=SEED).read()
+        assert audio[:4] == b"RIFF" and len(audio) > 44 + 2000
+
+
+@pytest.mark.parametrize(("body", "param", "code"), [
+    ({"input": "x" * 4097}, "input", "string_above_max_length"),
+    ({"input": ""}, "input", "string_below_min_length"),
+    ({"response_format": "ogg"}, "response_format", "invalid_value"),
+    ({"speed": 4.5}, "speed", "decimal_above_max_value"),
+    ({"speed": 0.1}, "speed", "decimal_below_min_value"),
+    ({"voice": "no-such-voice"}, "voice", "voice_not_found"),
+    ({"voice": {"id": "voice_missing"}}, "voice.id", "voice_not_found"),
+    ({"stream_format": "json"}, "stream_format", "invalid_value"),
+    ({"temperature": -1}, "temperature", "decimal_below_min_value"),
+    ({"acceptance": "magic"}, "acceptance", "invalid_value"),
+    ({"asg_table": "not-loaded"}, "asg_table", "invalid_value"),
+    ({"num_speculative_tokens": 9}, "num_speculative_tokens", "invalid_value"),
+    ({"ref_audio": "AAAA", "ref_text": "hi"}, "ref_audio", "unsupported_audio_format"),
+    ({"ref_audio": "%%%", "ref_text": "hi"}, "ref_audio", "invalid_base64"),
+    ({"colour": "blue"}, "colour", "unknown_parameter"),
+])
+def test_bad_requests_raise_bad_request_error(client, body, param, code):
+    args = {"model": "tts-1", "voice": "alloy", "input": "Hi.", **body}
+    extra = {k: args.pop(k) for k in list(args) if k not in ("model", "voice", "input", "response_format",
+                                                               "speed", "stream_format")}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.audio.speech.create(**args, extra_body=extra)
+    err = info.value
+    assert err.status_code == 400 and err.type == "invalid_request_error"
+    assert err.param == param and err.code == code
+    assert set(err.body) == {"message", "type", "param", "code"}
+
+
+def test_nothing_speakable_is_unprocessable(client):
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        client.audio.speech.create(model="tts-1", voice="alloy", input="... !!! ???")
+    assert info.value.code == "unprocessable_input" and info.value.param == "input"
+
+
+def test_not_found_and_malformed_json(client, live_server):
+    with pytest.raises(openai.NotFoundError) as info:
+        client.get("/audio/voices/voice_nope", cast_to=httpx.Response)
+    assert info.value.code == "voice_not_found"
+    raw = httpx.post(live_server.url + "/v1/audio/speech", content=b"{not json",
+                     headers={"content-type": "application/json"})
+    assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_json"
+
+
+def test_openapi_describes_the_api(live_server):
+    spec = httpx.get(live_server.url + "/openapi.json").json()
+    paths = spec["paths"]
+    for path in ("/v1/audio/speech", "/v1/audio/voices", "/v1/audio/voices/{voice_id}", "/v1/models",
+                 "/health", "/ready", "/metrics"):
+        assert path in paths, path
+    body = spec["components"]["schemas"]["SpeechRequest"]["properties"]
+    for field in ("model", "input", "voice", "instructions", "response_format", "speed", "stream_format",
+                  "ref_audio", "ref_text", "seed", "temperature", "top_p", "top_k", "acceptance"):
+        assert field in body, field
+    assert body["input"]["maxLength"] == 4096
+    assert set(paths["/v1/audio/voices"]) == {"get", "post"}
+    assert "delete" in paths["/v1/audio/voices/{voice_id}"]
+    speech_responses = paths["/v1/audio/speech"]["post"]["responses"]
+    assert {"audio/mpeg", "audio/pcm", "text/event-stream"} <= set(speech_responses["200"]["content"])
+    assert {"400", "429", "503"} <= set(speech_responses)
+    assert httpx.get(live_server.url + "/docs").status_code == 200
