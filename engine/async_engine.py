@@ -148,9 +148,9 @@ class AsyncEngine:
                     log.exception("engine step failed")
                     self._fail_all(exc)
                     outputs = []
+                self._metrics = engine.metrics()  # before delivery: a client never sees older counters
                 for out in outputs:
                     self._deliver(out)
-                self._metrics = engine.metrics()
             else:
                 self._metrics = engine.metrics()
                 self._wake.wait()
