@@ -1,0 +1,91 @@
+"""The demo phoneme family ("demo-phoneme"): the embedded model's prompt format and constraint.
+
+Text -> espeak-ng phonemes (engine.speech.demo_espeak, the code the corpus was made with) -> prompt of
+reference codes + phonemes (engine.speech.demo_layout); generation is constrained by the marker merge
+(engine.speech.demo_constraint). Bundle files used: `family.json` (the vocabulary) and `voices/` (preset
+voices, each `<name>.json` with codes and transcript, and `<name>.wav`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from engine.speech.demo_constraint import MarkerMergeConstraint
+from engine.speech.demo_espeak import phonemize
+from engine.speech.demo_layout import END, DemoVocab, prompt_tokens
+
+FAMILY_FILE = "family.json"
+MAX_WORDS_PER_CHUNK = 16  # the model was trained on clauses of 4-14 words
+
+
+class DemoPhonemeFamily(SpeechFamily):
+    name = "demo-phoneme"
+
+    def __init__(self, vocab: DemoVocab, voices: dict[str, VoicePrompt] | None = None,
+                 default_voice: str | None = None):
+        self.vocab = vocab
+        self.voices = voices or {}
+        self.default_voice = default_voice or (sorted(self.voices)[0] if self.voices else None)
+
+    @classmethod
+    def from_dir(cls, root: str | Path) -> DemoPhonemeFamily:
+        root = Path(root)
+        vocab = DemoVocab.load(root / FAMILY_FILE)
+        voices = load_voices(root / "voices") if (root / "voices").is_dir() else {}
+        spec = json.loads((root / FAMILY_FILE).read_text())
+        return cls(vocab, voices, spec.get("default_voice"))
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [END]
+
+    def phoneme_ids(self, text: str) -> list[int]:
+        return self.vocab.phoneme_ids(phonemize(text))
+
+    def build_prompt(self, text: str, voice: VoicePrompt | None) -> SpeechPrompt:
+        """voice None -> the bundle's default preset voice (or no reference if it has none)."""
+        if voice is None and self.default_voice is not None:
+            voice = self.voices[self.default_voice]
+        phonemes = self.phoneme_ids(text)
+        if not phonemes:
+            raise ValueError(f"no speakable phonemes in {text!r}")
+        ids = prompt_tokens(self.vocab, None if voice is None else voice.codes, phonemes)
+        return SpeechPrompt(token_ids=ids, stop_token_ids=self.stop_token_ids,
+                            constraint=MarkerMergeConstraint(self.vocab, phonemes))
+
+    def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
+        return self.vocab.codes_of(token_ids)
+
+    def codes_to_tokens(self, codes: np.ndarray) -> list[int]:
+        return self.vocab.code_tokens(codes)
+
+    @staticmethod
+    def split_text(text: str) -> list[str]:
+        """Long input -> clause-sized chunks to synthesise one after another (sentence, then comma cuts)."""
+        chunks: list[str] = []
+        for sentence in re.split(r"(?<=[.?!;:])\s+", " ".join(text.split())):
+            words: list[str] = []
+            for word in sentence.split():
+                words.append(word)
+                if len(words) >= MAX_WORDS_PER_CHUNK or (word.endswith(",") and len(words) >= 6):
+                    chunks.append(" ".join(words))
+                    words = []
+            if words:
+                chunks.append(" ".join(words))
+        return [c for c in chunks if re.search(r"[A-Za-z0-9]", c)]
+
+
+def load_voices(voices_dir: Path) -> dict[str, VoicePrompt]:
+    """Preset voices: `<name>.json` files with `codes` (list of ints) and `transcript`."""
+    voices = {}
+    for path in sorted(Path(voices_dir).glob("*.json")):
+        spec = json.loads(path.read_text())
+        voices[path.stem] = VoicePrompt(codes=np.asarray(spec["codes"], dtype=np.int64),
+                                        transcript=spec["transcript"])
+    return voices

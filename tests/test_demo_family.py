@@ -1,0 +1,123 @@
+"""The demo phoneme family: front end, prompt layout, token <-> code map and the marker-merge constraint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.speech.base import VoicePrompt
+from engine.speech.demo import DemoPhonemeFamily
+from engine.speech.demo_constraint import MarkerMergeConstraint
+from engine.speech.demo_espeak import Voice, phonemize, synthesize
+from engine.speech.demo_layout import (
+    BOS,
+    END,
+    MAX_REF_FRAMES,
+    REF,
+    SPEECH,
+    TEXT,
+    DemoVocab,
+    prompt_tokens,
+    speech_tokens,
+)
+
+VOCAB = DemoVocab(phonemes=("@", "I", "_", "d", "h", "l", "oU", "w", "3:"), codebook_size=64)
+
+
+def test_front_end_is_deterministic_and_voice_independent():
+    text = "Rice is often served in round bowls."
+    first = phonemize(text)
+    assert first == phonemize(text)
+    assert len(first) > 15
+    # corpus speakers vary variant, rate and pitch; their phonemes must equal the front end's
+    assert synthesize(text, Voice("en-us+f2", rate=200, pitch=75)).phonemes == first
+
+
+def test_synthesis_timings_are_ordered_and_inside_the_audio():
+    utt = synthesize("Hello world.", Voice("en-us+m3"))
+    assert len(utt.phonemes) == len(utt.starts) > 4
+    assert np.all(np.diff(utt.starts) >= 0)
+    assert 0 <= utt.starts[0] and utt.starts[-1] <= len(utt.audio)
+
+
+def test_prompt_layout_crops_the_reference():
+    codes = np.arange(MAX_REF_FRAMES + 30) % 64
+    ids = prompt_tokens(VOCAB, codes, [16, 17])
+    assert ids[:2] == [BOS, REF]
+    assert ids[2:2 + MAX_REF_FRAMES] == VOCAB.code_tokens(codes[:MAX_REF_FRAMES])
+    assert ids[2 + MAX_REF_FRAMES:] == [TEXT, 16, 17, SPEECH]
+    assert prompt_tokens(VOCAB, None, [16]) == [BOS, REF, TEXT, 16, SPEECH]
+
+
+def test_speech_layout_interleaves_markers_before_their_frames():
+    codes = np.array([5, 6, 7, 8, 9])
+    toks = speech_tokens(VOCAB, [16, 17, 18], np.array([1, 3, 3]), codes)
+    off = VOCAB.code_offset
+    # frames before the second phoneme's start go to the first phoneme; an empty phoneme keeps its marker
+    assert toks == [16, off + 5, off + 6, off + 7, 17, 18, off + 8, off + 9, END]
+    assert VOCAB.codes_of(toks).tolist() == codes.tolist()
+
+
+def _probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.double(), dim=-1)
+
+
+def test_marker_merge_moves_all_marker_mass_to_the_expected_marker():
+    gen = torch.Generator().manual_seed(0)
+    expected = [20, 16, 20]
+    constraint = MarkerMergeConstraint(VOCAB, expected)
+    logits = torch.randn(3, VOCAB.vocab_size, generator=gen)
+    off = VOCAB.code_offset
+    histories = [[20, off + 1], [20, off + 1, 16, off + 2, off + 3], [20, 16, 20, off]]
+    out = constraint.apply(logits.clone(), histories)
+    markers = list(VOCAB.marker_ids) + [END]
+    # specials that never occur in generated speech are masked: compare with p renormalised without them
+    allowed = torch.zeros(VOCAB.vocab_size, dtype=torch.bool)
+    allowed[markers] = True
+    allowed[off:] = True
+    p, q = _probs(logits.masked_fill(~allowed, float("-inf"))), _probs(out)
+    for row, nxt in enumerate([16, 20, END]):
+        assert q[row, nxt].item() == pytest.approx(p[row, markers].sum().item(), rel=1e-6)
+        others = [m for m in markers if m != nxt]
+        assert q[row, others].sum().item() == 0.0
+        # the codes keep their probabilities: the model still decides WHEN to advance
+        assert torch.allclose(q[row, off:], p[row, off:], rtol=1e-6)
+        assert q[row, :16].sum().item() == pytest.approx(q[row, END].item())  # only END among specials
+
+
+def test_marker_merge_opens_with_the_first_marker():
+    constraint = MarkerMergeConstraint(VOCAB, [18, 19])
+    out = constraint.apply(torch.zeros(1, VOCAB.vocab_size), [[]])
+    q = _probs(out)
+    assert q[0, 18].item() == 1.0
+
+
+def test_marker_merge_is_a_function_of_history_only():
+    constraint = MarkerMergeConstraint(VOCAB, [16, 17])
+    logits = torch.randn(2, VOCAB.vocab_size, generator=torch.Generator().manual_seed(1))
+    hist = [[16, VOCAB.code_offset], [16, VOCAB.code_offset]]
+    a = constraint.apply(logits.clone(), hist)
+    b = constraint.apply(logits.clone()[[1, 0]], hist)[[1, 0]]
+    assert torch.equal(a, b)
+
+
+def test_family_builds_prompts_with_default_voice_and_maps_tokens():
+    voice = VoicePrompt(codes=np.array([1, 2, 3]), transcript="hi")
+    family = DemoPhonemeFamily(DemoVocab(phonemes=tuple(sorted(set(phonemize("Hello world.")))),
+                                         codebook_size=64), {"amy": voice})
+    prompt = family.build_prompt("Hello world.", None)
+    assert prompt.token_ids[2:5] == family.codes_to_tokens(voice.codes)
+    assert prompt.stop_token_ids == [END]
+    n_phonemes = len(phonemize("Hello world."))
+    assert prompt.token_ids[-1] == SPEECH and len(prompt.token_ids) == 2 + 3 + 1 + n_phonemes + 1
+    assert prompt.constraint.next_marker([]) == prompt.token_ids[6]
+    toks = family.codes_to_tokens(np.array([4, 0, 63]))
+    assert family.tokens_to_codes([toks[0], 16, toks[1], END, toks[2]]).tolist() == [4, 0, 63]
+
+
+def test_split_text_keeps_every_word_in_clause_sized_chunks():
+    text = "One two three. " + " ".join(f"w{i}" for i in range(40)) + ", end here!"
+    chunks = DemoPhonemeFamily.split_text(text)
+    assert " ".join(chunks).split() == text.split()
+    assert all(len(c.split()) <= 16 for c in chunks)
