@@ -71,7 +71,8 @@ class VoiceResource(BaseModel):
     object: Literal["audio.voice"] = "audio.voice"
     id: str
     name: str
-    created_at: int | None = None
+    created_at: int
+    type: Literal["audio_sample", "preset"] = Field(description="OpenAI's field: how the voice was made.")
     kind: Literal["preset", "uploaded"]
     transcript: str | None = None
     duration: float | None = None

@@ -23,14 +23,15 @@ _NAME = re.compile(r"^[\w][\w .'-]{0,63}$")
 
 
 def _uploaded(v: StoredVoice) -> VoiceResource:
-    return VoiceResource(id=v.id, name=v.name, created_at=v.created_at, kind="uploaded",
+    return VoiceResource(id=v.id, name=v.name, created_at=v.created_at, type="audio_sample", kind="uploaded",
                          transcript=v.transcript, duration=v.duration)
 
 
 def _presets(state: AppState) -> list[VoiceResource]:
     if state.resolver is None:
         return []
-    return [VoiceResource(id=name, name=name, kind="preset", transcript=prompt.transcript or None)
+    return [VoiceResource(id=name, name=name, created_at=state.started_at, type="preset", kind="preset",
+                          transcript=prompt.transcript or None)
             for name, prompt in state.service.preset_voices().items()]
 
 
@@ -52,9 +53,12 @@ async def create_voice(
     transcript: str | None = Form(None, description="What the clip says (needed to clone the voice)."),
     ref_text: str | None = Form(None, description="Alias of `transcript` (vLLM-Omni)."),
     consent: str | None = Form(None, description="OpenAI's consent id; stored, not checked."),
+    type: str | None = Form(None, description="OpenAI's creation type; only 'audio_sample' is supported."),
 ) -> VoiceResource:
     state = get_state(request)
-    service, resolver = state.require_ready()
+    service, _ = state.require_ready()
+    if type not in (None, "audio_sample"):
+        raise bad_request("Only voices made from an audio sample are supported.", param="type")
     name = name.strip()
     if not _NAME.match(name):
         raise bad_request("name must be 1-64 letters, digits, spaces, '_', '.', \"'\" or '-'.", param="name")
