@@ -81,16 +81,17 @@ def not_ready() -> APIError:
 
 
 def _param_of(loc: tuple) -> str | None:
-    """('body', 'voice', 'id') -> 'voice.id'; drops pydantic's union-branch names like 'str' or 'VoiceId'."""
-    parts = [str(p) for p in loc[1:] if not (isinstance(p, str) and p[:1].isupper())]
-    parts = [p for p in parts if p not in ("str", "int", "float", "function-after[...]")]
+    """('voice', 'VoiceId', 'id') -> 'voice.id'; drops pydantic's union-branch names like 'str'."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
+    parts = [p for p in parts if p not in ("str", "int", "float", "bool")]
     return ".".join(parts) or None
 
 
-def validation_error(exc: RequestValidationError) -> APIError:
-    errors = exc.errors()
+def validation_error(errors: list[dict], *, in_body: bool = True) -> APIError:
+    """pydantic errors -> a 400 naming the first bad field. in_body: locations start with 'body'."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
-    param = _param_of(tuple(first.get("loc", ())))
+    loc = tuple(first.get("loc", ()))
+    param = _param_of(loc[1:] if in_body else loc)
     msg = first.get("msg", "invalid request")
     if first.get("type") == "extra_forbidden":
         msg = f"Unrecognized request argument supplied: {param}"
@@ -110,7 +111,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        err = validation_error(exc)
+        err = validation_error(exc.errors())
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)

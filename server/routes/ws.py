@@ -123,14 +123,15 @@ class Session:
         """One client message; True when the session should close."""
         try:
             message = json.loads(text)
-            kind = message.get("type") if isinstance(message, dict) else None
         except json.JSONDecodeError:
-            kind, message = None, None
+            await self.send_error(APIError(400, "Messages must be JSON objects.", code="invalid_json"))
+            return False
+        kind = message.get("type") if isinstance(message, dict) else None
         if kind == "session.config":
             try:
                 self.config = SessionConfig.model_validate(message)
             except ValidationError as exc:
-                await self.send_error(validation_error(exc))
+                await self.send_error(validation_error(exc.errors(), in_body=False))
         elif kind == "input.text":
             piece = message.get("text")
             if not isinstance(piece, str):

@@ -1,0 +1,147 @@
+"""The WebSocket stream (/v1/audio/speech/stream) with a real websockets client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+from websockets.sync.client import connect
+
+LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
+             "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?") * 2
+
+
+def ws_url(server) -> str:
+    return server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+
+
+def wait_idle(service, timeout: float = 10.0) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        s = service.engine_stats()
+        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError(f"engine still busy: {service.engine_stats()}")
+
+
+def collect_until_done(ws, count: int = 1, timeout: float = 120) -> list:
+    """Messages (dicts for JSON, bytes for audio) up to the `count`-th audio.done."""
+    out, done = [], 0
+    while done < count:
+        message = ws.recv(timeout=timeout)
+        item = message if isinstance(message, bytes) else json.loads(message)
+        out.append(item)
+        if isinstance(item, dict) and item["type"] == "audio.done":
+            done += 1
+        assert not (isinstance(item, dict) and item["type"] == "error"), item
+    return out
+
+
+def speak(ws, text: str) -> None:
+    ws.send(json.dumps({"type": "input.text", "text": text}))
+    ws.send(json.dumps({"type": "input.done"}))
+
+
+def test_two_utterances_on_one_connection(live_server):
+    with connect(ws_url(live_server)) as ws:
+        created = json.loads(ws.recv(timeout=10))
+        assert created["type"] == "session.created" and created["sample_rate"] == 24000
+        ws.send(json.dumps({"type": "session.config", "voice": "alloy", "seed": 3}))
+        speak(ws, "Hello there.")
+        speak(ws, "A second utterance follows.")
+        messages = collect_until_done(ws, count=2)
+        ws.send(json.dumps({"type": "session.close"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.done"
+
+    utterances: dict[int, dict] = {}
+    current = None
+    for item in messages:
+        if isinstance(item, bytes):
+            assert current is not None, "audio before audio.start"
+            utterances[current]["pcm"] += item
+        elif item["type"] == "audio.start":
+            assert current is None or "done" in utterances[current], "utterances overlapped"
+            current = item["utterance_id"]
+            assert item["format"] == "pcm" and item["sample_rate"] == 24000 and item["channels"] == 1
+            utterances[current] = {"pcm": b""}
+        elif item["type"] == "audio.done":
+            assert item["utterance_id"] == current and not item["cancelled"]
+            utterances[current]["done"] = item
+    assert sorted(utterances) == [1, 2]
+    for u in utterances.values():
+        done = u["done"]
+        assert done["total_bytes"] == len(u["pcm"]) > 4800 and len(u["pcm"]) % 2 == 0
+        assert done["usage"]["output_tokens"] > 0 and done["ttfa_ms"] > 0
+        assert done["drafted"] >= done["accepted"] >= 0 and done["drafted"] > 0
+        assert 0 <= done["acceptance_rate"] <= 1
+    assert any(isinstance(m, dict) and m["type"] == "audio.progress" for m in messages)
+
+    # The first utterance is the same audio the HTTP endpoint gives for the same seed.
+    body = {"model": "tts-1", "voice": "alloy", "input": "Hello there.", "response_format": "pcm", "seed": 3}
+    http_pcm = httpx.post(live_server.url + "/v1/audio/speech", json=body, timeout=120).content
+    a, b = np.frombuffer(utterances[1]["pcm"], "<i2"), np.frombuffer(http_pcm, "<i2")
+    assert a.size == b.size and np.max(np.abs(a.astype(int) - b.astype(int))) <= 1
+
+
+def test_closing_mid_utterance_aborts_and_frees_kv(live_server, tts_service):
+    wait_idle(tts_service)
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        speak(ws, LONG_TEXT)
+        while not isinstance(ws.recv(timeout=60), bytes):
+            pass
+        assert tts_service.engine_stats().num_running == 1
+        assert tts_service.engine_stats().kv_usage > 0
+    assert wait_idle(tts_service) < 2.0
+
+
+def test_cancel_stops_the_utterance_and_the_session_goes_on(live_server, tts_service):
+    wait_idle(tts_service)
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        speak(ws, LONG_TEXT)
+        while not isinstance(ws.recv(timeout=60), bytes):
+            pass
+        ws.send(json.dumps({"type": "input.cancel"}))
+        done = None
+        while done is None:
+            message = ws.recv(timeout=30)
+            if isinstance(message, str) and json.loads(message)["type"] == "audio.done":
+                done = json.loads(message)
+        assert done["cancelled"] is True
+        assert wait_idle(tts_service) < 2.0
+        speak(ws, "After the cancel.")
+        last = collect_until_done(ws)[-1]
+        assert last["cancelled"] is False and last["total_bytes"] > 0
+
+
+@pytest.mark.parametrize(("message", "param"), [
+    ("not json", None),
+    (json.dumps({"type": "nonsense"}), "type"),
+    (json.dumps({"type": "session.config", "speed": 9}), "speed"),
+    (json.dumps({"type": "session.config", "response_format": "mp3"}), "response_format"),
+    (json.dumps({"type": "input.text", "text": 5}), "text"),
+])
+def test_bad_messages_get_error_events(live_server, message, param):
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        ws.send(message)
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["error"]["param"] == param
+        assert set(event["error"]) == {"message", "type", "param", "code"}
+        ws.send(json.dumps({"type": "session.close"}))  # the session survived the bad message
+        assert json.loads(ws.recv(timeout=10))["type"] == "session.done"
+
+
+def test_unknown_voice_is_an_error_event(live_server):
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        ws.send(json.dumps({"type": "session.config", "voice": "nobody"}))
+        speak(ws, "Hello.")
+        event = json.loads(ws.recv(timeout=30))
+        assert event["type"] == "error" and event["error"]["code"] == "voice_not_found"
+        assert event["utterance_id"] == 1
