@@ -171,3 +171,37 @@ def test_openapi_describes_the_api(live_server):
     assert {"audio/mpeg", "audio/pcm", "text/event-stream"} <= set(speech_responses["200"]["content"])
     assert {"400", "429", "503"} <= set(speech_responses)
     assert httpx.get(live_server.url + "/docs").status_code == 200
+
+
+def test_metrics_after_traffic(client, live_server):
+    """Runs after the requests above: engine counters under vLLM names, audio SLO histograms, no high-
+    cardinality labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.audio.speech.create(model="tts-1", voice="alloy", input="Count me.", response_format="pcm").read()
+    client.audio.speech.create(model="tts-1", voice="alloy", input="Me too.", stream_format="sse").read()
+    exposition = httpx.get(live_server.url + "/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(exposition)}
+
+    def value(name: str, suffix: str = "", **labels) -> float:
+        return sum(s.value for s in families[name].samples
+                   if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    gamma = live_server.state.service.engine_gamma
+    for gauge in ("pcgtts:num_requests_running", "pcgtts:num_requests_waiting", "pcgtts:kv_cache_usage_perc"):
+        assert families[gauge].type == "gauge"
+    assert value("pcgtts:prompt_tokens", "_total") > 0 and value("pcgtts:generation_tokens", "_total") > 0
+    drafted = value("pcgtts:spec_decode_num_draft_tokens", "_total")
+    accepted = value("pcgtts:spec_decode_num_accepted_tokens", "_total")
+    drafts = value("pcgtts:spec_decode_num_drafts", "_total")
+    assert drafted == gamma * drafts > 0 and 0 <= accepted <= drafted
+    per_pos = families["pcgtts:spec_decode_num_accepted_tokens_per_pos"].samples
+    positions = {s.labels["position"]: s.value for s in per_pos}
+    assert sorted(positions) == [str(i) for i in range(gamma)] and sum(positions.values()) == accepted
+    assert value("pcgtts:audio_time_to_first_chunk_seconds", "_count") > 0
+    assert value("pcgtts:audio_rtf", "_count") > 0 and value("pcgtts:audio_seconds", "_total") > 0
+    assert value("pcgtts:requests", "_total", format="pcm", stream_mode="audio", status="ok") > 0
+    assert value("pcgtts:requests", "_total", stream_mode="sse", status="ok") > 0
+    assert value("pcgtts:request_success", "_total", finished_reason="stop") > 0
+    labels = {k for f in families.values() for s in f.samples for k in s.labels}
+    assert labels <= {"model_name", "position", "format", "stream_mode", "status", "finished_reason", "le"}
