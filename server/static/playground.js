@@ -7,6 +7,9 @@ const $ = (id) => document.getElementById(id);
 const stats = window.playground = {
   status: "idle", receivedSamples: 0, scheduledSamples: 0, audioSeconds: 0, ttfaMs: null,
   acceptanceRate: null, tokens: 0, underruns: 0, utterancesDone: 0, sampleRate: null, errors: [],
+  // Seconds of the current utterance the audio clock has already played (reads the AudioContext).
+  get playedSeconds() { return player ? player.playedSeconds() : 0; },
+  get contextState() { return player ? player.ctx.state : "none"; },
 };
 
 function apiKey() { return $("api-key").value.trim(); }
@@ -61,7 +64,13 @@ class PcmPlayer {
     try { this.ctx = new AudioContext({ sampleRate: 24000, latencyHint: "interactive" }); }
     catch (_) { this.ctx = new AudioContext(); }
     this.next = 0;
+    this.first = null;  // context time at which the current utterance starts playing
     this.sources = new Set();
+  }
+
+  playedSeconds() {
+    if (this.first === null) return 0;
+    return Math.max(0, Math.min(this.ctx.currentTime, this.next) - this.first);
   }
 
   get rate() { return this.ctx.sampleRate; }
@@ -77,7 +86,7 @@ class PcmPlayer {
     source.buffer = audio;
     source.connect(this.ctx.destination);
     const now = this.ctx.currentTime;
-    if (this.next === 0) this.next = now + 0.05;  // a small jitter buffer before the first chunk
+    if (this.next === 0) this.next = this.first = now + 0.05;  // a small jitter buffer before the first chunk
     else if (this.next < now) { stats.underruns += 1; this.next = now + 0.02; }
     source.start(this.next);
     this.next += audio.duration;
@@ -90,6 +99,7 @@ class PcmPlayer {
     for (const source of this.sources) { try { source.stop(); } catch (_) { /* already stopped */ } }
     this.sources.clear();
     this.next = 0;
+    this.first = null;
   }
 }
 
