@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
+# bench/gpu_check.sh runs the equivalence tests on CUDA with PCGTTS_TEST_DEVICE=cuda.
+DEVICE = os.environ.get("PCGTTS_TEST_DEVICE", "cpu")
+
+
+def engine_config(target, **kw):
+    """EngineConfig on the test device."""
+    from engine import EngineConfig
+
+    return EngineConfig(target=target, device=DEVICE, **kw)
+
 
 def save_tiny_llama(path: Path, *, vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
-                    kv_heads: int = 2, intermediate: int = 128, tie: bool = False, rope_scaling: dict | None = None,
-                    seed: int = 0, init_std: float = 0.1, max_positions: int = 2048,
-                    residual_gain: float = 1.0, dtype: torch.dtype = torch.float32) -> Path:
+                    kv_heads: int = 2, intermediate: int = 128, tie: bool = False,
+                    rope_scaling: dict | None = None, seed: int = 0, init_std: float = 0.1,
+                    max_positions: int = 2048, residual_gain: float = 1.0,
+                    dtype: torch.dtype = torch.float32) -> Path:
     """A random LlamaForCausalLM saved with save_pretrained; init_std well above HF's 0.02 so that
     next-token distributions are peaked enough to make greedy decoding and acceptance meaningful.
     residual_gain < 1 shrinks what each layer adds to the residual stream (o_proj, down_proj), so that a

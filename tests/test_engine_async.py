@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_support import save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_draft_from, save_tiny_llama
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, SamplingParams
 from engine.async_engine import AsyncEngine
 from engine.errors import EngineOverloaded, EngineShutdown
 
@@ -23,7 +23,7 @@ def pair(tmp_path_factory):
 
 @pytest.fixture
 def engine(pair):
-    eng = AsyncEngine(EngineConfig(target=pair[0], draft=pair[1], num_speculative_tokens=3, max_num_seqs=4,
+    eng = AsyncEngine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=3, max_num_seqs=4,
                                    max_waiting=8))
     yield eng
     eng.shutdown()
@@ -45,7 +45,7 @@ async def wait_idle(engine: AsyncEngine, timeout: float = 30.0):
 
 async def test_streams_equal_blocking_generate(pair, engine):
     prompts = [[3, 4, 5], [9], list(range(30, 50)), [7, 7]]
-    expected = Engine(EngineConfig(target=pair[0])).generate(prompts, GREEDY)
+    expected = Engine(engine_config(pair[0])).generate(prompts, GREEDY)
     results = await asyncio.gather(*(collect(engine, p, GREEDY) for p in prompts))
     for deltas, exp in zip(results, expected, strict=True):
         assert [t for d in deltas for t in d.token_ids] == exp.token_ids
@@ -90,7 +90,7 @@ async def test_abort_by_id_ends_the_stream(engine):
 
 
 async def test_full_waiting_queue_refuses_before_yielding(pair):
-    eng = AsyncEngine(EngineConfig(target=pair[0], max_num_seqs=1, max_waiting=1))
+    eng = AsyncEngine(engine_config(pair[0], max_num_seqs=1, max_waiting=1))
     try:
         long = SamplingParams(max_tokens=100_000)
         running = eng.stream([1], long)
@@ -113,7 +113,7 @@ async def test_full_waiting_queue_refuses_before_yielding(pair):
 
 
 async def test_shutdown_ends_open_streams(pair):
-    eng = AsyncEngine(EngineConfig(target=pair[0]))
+    eng = AsyncEngine(engine_config(pair[0]))
     stream = eng.stream([1, 2], SamplingParams(max_tokens=100_000))
     await anext(stream)
     await asyncio.get_running_loop().run_in_executor(None, eng.shutdown)

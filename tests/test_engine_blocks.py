@@ -6,9 +6,9 @@ import random
 
 import pytest
 import torch
-from engine_support import save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_draft_from, save_tiny_llama
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, SamplingParams
 from engine.block_manager import BlockAllocator, OutOfBlocks, SeqBlocks
 
 
@@ -73,13 +73,13 @@ def test_preemption_aborts_and_chunked_prefill_keep_outputs_and_free_every_block
         requests.append((prompt, params))
     abort_at = {i: rng.randint(0, 12) for i in rng.sample(range(24), 6)}
 
-    roomy = Engine(EngineConfig(target=pair[0], draft=pair[1], num_speculative_tokens=3, block_size=4,
+    roomy = Engine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=3, block_size=4,
                                 kv_budget_tokens=4096, max_num_seqs=64))
     reference = {i: g.token_ids for i, g in enumerate(roomy.generate(*zip(*requests, strict=True)))}
 
     # 12 blocks of 4 tokens per model: a handful of sequences fill it, so the scheduler must preempt;
     # a 6-token prefill budget chunks most prompts.
-    tight = Engine(EngineConfig(target=pair[0], draft=pair[1], num_speculative_tokens=3, block_size=4,
+    tight = Engine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=3, block_size=4,
                                 kv_budget_tokens=48, max_num_seqs=8, max_num_batched_tokens=6))
     outputs = run_with_aborts(tight, requests, abort_at)
     m = tight.metrics()
@@ -98,7 +98,7 @@ def test_preemption_aborts_and_chunked_prefill_keep_outputs_and_free_every_block
 def test_waiting_queue_is_bounded(pair):
     from engine.errors import EngineOverloaded, RequestTooLong
 
-    engine = Engine(EngineConfig(target=pair[0], max_waiting=2, kv_budget_tokens=64, block_size=4))
+    engine = Engine(engine_config(pair[0], max_waiting=2, kv_budget_tokens=64, block_size=4))
     engine.add_request([1, 2], SamplingParams(max_tokens=2))
     engine.add_request([1, 2], SamplingParams(max_tokens=2))
     with pytest.raises(EngineOverloaded):
@@ -113,7 +113,7 @@ def test_waiting_queue_is_bounded(pair):
 
 
 def test_kv_budget_in_bytes(pair):
-    engine = Engine(EngineConfig(target=pair[0], draft=pair[1], kv_budget_bytes=1 << 20, block_size=16))
+    engine = Engine(engine_config(pair[0], draft=pair[1], kv_budget_bytes=1 << 20, block_size=16))
     per_token = 2 * 2 * engine.target_config.num_kv_heads * engine.target_config.head_dim * 4  # 2 layers, K+V
     expected_blocks = (1 << 20) // (2 * per_token * 16)  # target + draft caches share the budget
     assert engine.target.blocks.num_blocks == engine.draft.blocks.num_blocks == expected_blocks

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import hf_model, save_draft_from, save_tiny_llama
+from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 
@@ -28,7 +28,7 @@ def mixed_prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def target_only(pair):
-    return Engine(EngineConfig(target=pair[0], block_size=8))
+    return Engine(engine_config(pair[0], block_size=8))
 
 
 def test_target_only_equals_transformers_generate(pair, target_only):
@@ -47,7 +47,7 @@ def test_target_only_equals_transformers_generate(pair, target_only):
 def test_speculative_exact_equals_target_only(pair, target_only, gamma):
     prompts = mixed_prompts(10, seed=2)
     expected = [g.token_ids for g in target_only.generate(prompts, GREEDY)]
-    spec = Engine(EngineConfig(target=pair[0], draft=pair[1], acceptance="exact",
+    spec = Engine(engine_config(pair[0], draft=pair[1], acceptance="exact",
                                num_speculative_tokens=gamma, block_size=8))
     got = spec.generate(prompts, GREEDY)
     assert [g.token_ids for g in got] == expected
@@ -65,7 +65,7 @@ def test_stop_tokens_and_limits(pair, target_only):
     free = target_only.generate([prompt], GREEDY)[0].token_ids
     stop = free[7]
     first = free.index(stop)
-    spec = Engine(EngineConfig(target=pair[0], draft=pair[1], num_speculative_tokens=4))
+    spec = Engine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=4))
     for engine in (target_only, spec):
         stopping = SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop])
         out = engine.generate([prompt], stopping)[0]
@@ -77,7 +77,7 @@ def test_stop_tokens_and_limits(pair, target_only):
 def test_continuous_batching_join_and_batch_independence(pair):
     """A request added while others run finishes correctly, and greedy results do not depend on which
     requests shared the batch (alone, in a crowd, joining midway)."""
-    spec = Engine(EngineConfig(target=pair[0], draft=pair[1], num_speculative_tokens=3, block_size=8,
+    spec = Engine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=3, block_size=8,
                                max_num_seqs=4))
     prompts = mixed_prompts(9, seed=4)
     params = SamplingParams(temperature=0, max_tokens=20)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_support import save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_draft_from, save_tiny_llama
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, SamplingParams
 from engine.bundle import ModelBundle
 from engine.speech.base import VoicePrompt
 from engine.speech.llasa import (
@@ -88,7 +88,7 @@ def test_llasa_shaped_checkpoint_generates(llasa_dir, tmp_path):
     prompt = family.build_prompt("hello world", VoicePrompt(codes=np.arange(20), transcript="hello"))
     params = SamplingParams(temperature=0.8, max_tokens=12, seed=3, stop_token_ids=prompt.stop_token_ids,
                             constraint=prompt.constraint)
-    engine = Engine(EngineConfig(target=llasa_dir, draft=draft, num_speculative_tokens=3))
+    engine = Engine(engine_config(llasa_dir, draft=draft, num_speculative_tokens=3))
     assert engine.vocab_size == VOCAB_SIZE
     out = engine.generate([prompt.token_ids], params)[0]
     assert 1 <= len(out.token_ids) <= 12
@@ -97,6 +97,6 @@ def test_llasa_shaped_checkpoint_generates(llasa_dir, tmp_path):
     assert len(family.tokens_to_codes(out.token_ids)) == len(speech)
 
     greedy = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=prompt.stop_token_ids)
-    target_only = Engine(EngineConfig(target=llasa_dir))
+    target_only = Engine(engine_config(llasa_dir))
     assert engine.generate([prompt.token_ids], greedy)[0].token_ids == \
         target_only.generate([prompt.token_ids], greedy)[0].token_ids

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import hf_model, save_tiny_llama
+from engine_support import DEVICE, hf_model, save_tiny_llama
 
 from engine.attention import make_backend
 from engine.block_manager import SeqBlocks
@@ -24,8 +24,8 @@ CASES = {
 
 def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 4) -> list[torch.Tensor]:
     """Logits of every prompt position, fed `chunk` tokens per forward for all prompts at once."""
-    model = load_llama(path, "cpu", "float32")
-    runner = ModelRunner(model, num_blocks=64, block_size=block_size, backend=make_backend("sdpa", "cpu"))
+    model = load_llama(path, DEVICE, "float32")
+    runner = ModelRunner(model, num_blocks=64, block_size=block_size, backend=make_backend("sdpa", DEVICE))
     states = [SeqBlocks() for _ in prompts]
     for st, p in zip(states, prompts, strict=True):
         st.ensure(runner.blocks, len(p))
@@ -36,7 +36,7 @@ def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 
         hidden = runner.forward_chunks([states[i] for i in live], chunks)
         logits = runner.logits(hidden)
         for row, i in enumerate(live):
-            outs[i].append(logits[row, :len(prompts[i][start:start + chunk])])
+            outs[i].append(logits[row, :len(prompts[i][start:start + chunk])].cpu())
     return [torch.cat(o) for o in outs]
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import hf_model, save_draft_from, save_tiny_llama
+from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
 from scipy.stats import chisquare
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, SamplingParams
 from engine.speech.base import DecodeConstraint
 
 V = 12
@@ -108,7 +108,7 @@ def empirical_joint(engine: Engine, params: SamplingParams, n: int) -> torch.Ten
 def test_speculative_sampling_has_target_distribution(models, tmp_path, setting, rule):
     target, draft = models
     params = SETTINGS[setting]
-    config = EngineConfig(target=target, draft=draft, num_speculative_tokens=2, max_num_seqs=256,
+    config = engine_config(target, draft=draft, num_speculative_tokens=2, max_num_seqs=256,
                           max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=7)
     if rule == "pcg-singletons":
         from asg_tables import ASGTable
@@ -125,7 +125,7 @@ def test_speculative_sampling_has_target_distribution(models, tmp_path, setting,
 
 def test_target_only_sampling_has_target_distribution(models):
     params = SETTINGS["penalty+constraint+topk"]
-    engine = Engine(EngineConfig(target=models[0], max_num_seqs=256, max_waiting=4096, seed=3))
+    engine = Engine(engine_config(models[0], max_num_seqs=256, max_waiting=4096, seed=3))
     assert chi2_pvalue(empirical_joint(engine, params, n=2000), reference_joint(models[0], params)) > ALPHA
 
 
@@ -137,15 +137,15 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=16, constraint=MergeOnto(), repetition_penalty=1.2)
     outs = {}
     for rule in ("exact", "pcg"):
-        engine = Engine(EngineConfig(target=models[0], draft=models[1], acceptance=rule,
+        engine = Engine(engine_config(models[0], draft=models[1], acceptance=rule,
                                      asg_table=tmp_path / "singletons.asg", num_speculative_tokens=3))
         outs[rule] = [g.token_ids for g in engine.generate(prompts, params)]
-    target_only = Engine(EngineConfig(target=models[0]))
+    target_only = Engine(engine_config(models[0]))
     assert outs["exact"] == outs["pcg"] == [g.token_ids for g in target_only.generate(prompts, params)]
 
 
 def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
-    engine = Engine(EngineConfig(target=models[0], draft=models[1], num_speculative_tokens=3, seed=1))
+    engine = Engine(engine_config(models[0], draft=models[1], num_speculative_tokens=3, seed=1))
     params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
     alone = engine.generate([PROMPT], params)[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]
