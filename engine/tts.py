@@ -55,6 +55,10 @@ class InvalidOptions(ValueError):
         self.param = param
 
 
+class NothingToSay(ValueError):
+    """The input holds nothing the model can speak (e.g. only punctuation)."""
+
+
 class ServiceOverloaded(RuntimeError):
     """The engine's waiting queue is full; retry later."""
 
@@ -277,18 +281,13 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
 
 
 # ------------------------------------------------------------------------------------------- synthesis
-class NothingToSay(ValueError):
-    """The input holds nothing the model can speak (e.g. only punctuation)."""
-
-
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
-    def __init__(self, service: TTSService, segments: list[str], first_prompt: SpeechPrompt,
-                 voice: VoicePrompt | None, options: SynthesisOptions):
+    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | None,
+                 options: SynthesisOptions):
         self._service = service
         self._segments = segments
-        self._first_prompt = first_prompt  # built eagerly so unspeakable input fails before streaming
         self._voice = voice
         self._options = options
         self.stats = SynthesisStats(sample_rate=service.sample_rate)
@@ -311,11 +310,11 @@ class Synthesis:
         if self.stats.finish_reason is None:
             self.stats.finish_reason = "abort"
 
-    def _prompt(self, index: int) -> SpeechPrompt | None:
-        if index == 0:
-            return self._first_prompt
+    async def _prompt(self, index: int) -> SpeechPrompt | None:
+        """The segment's prompt, built off the event loop (the text front end takes milliseconds)."""
         try:
-            return self._service.family.build_prompt(self._segments[index], self._voice)
+            build = self._service.family.build_prompt
+            return await asyncio.to_thread(build, self._segments[index], self._voice)
         except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
             log.info("skipping unspeakable segment %r", self._segments[index])
             return None
@@ -326,7 +325,7 @@ class Synthesis:
         fade = int(0.005 * svc.sample_rate)
         spoken = 0
         for index in range(len(self._segments)):
-            prompt = self._prompt(index)
+            prompt = await self._prompt(index)
             if prompt is None:
                 continue
             if spoken and pause.size:
@@ -343,6 +342,8 @@ class Synthesis:
                 yield _fade_edges(pending, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
             spoken += 1
             self.stats.sentences += 1
+        if not spoken:
+            raise NothingToSay("the input holds nothing this model can speak")
         self.stats.finished_s = time.perf_counter() - self.stats.started_at
 
     async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
@@ -563,20 +564,14 @@ class TTSService:
 
     def synthesize(self, text: str, voice: VoicePrompt | None, options: SynthesisOptions | None = None
                    ) -> Synthesis:
-        """Nothing runs until iterated. Raises InvalidOptions, or NothingToSay when no part of the text
-        is speakable, at once (so the server can answer with a 4xx before streaming)."""
+        """Nothing runs until iterated. Raises InvalidOptions, or NothingToSay for text without words, at
+        once; NothingToSay can also come from the first iteration when no segment has speakable sounds."""
         options = options or SynthesisOptions()
         self.validate(options)
         segments = self.segments(text)
-        while segments:
-            try:
-                first = self.family.build_prompt(segments[0], voice)
-                break
-            except ValueError:
-                segments = segments[1:]
-        else:
+        if not segments:
             raise NothingToSay("the input holds nothing this model can speak")
-        return Synthesis(self, segments, first, voice, replace(options))
+        return Synthesis(self, segments, voice, replace(options))
 
     async def decode(self, decoder: StreamingDecoder, codes: np.ndarray | None, stats: SynthesisStats
                      ) -> np.ndarray:

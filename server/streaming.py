@@ -94,7 +94,7 @@ async def next_or_gone(synth: Synthesis, request: Request | None) -> np.ndarray 
             step.cancel()
             raise ClientGone()
         return step.result()
-    except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions) as exc:
+    except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions, NothingToSay) as exc:
         await close_quietly(synth)
         raise service_error(exc) from exc
     except BaseException:
