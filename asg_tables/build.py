@@ -30,19 +30,38 @@ def similarity_blocks(unit: torch.Tensor, block_rows: int, progress: bool, desc:
         yield start, unit[start : start + block_rows] @ unit.T  # [b, V]
 
 
+def upper_similarity_blocks(unit: torch.Tensor, block_rows: int, progress: bool, desc: str):
+    """Yield (start, cos[start:start+block_rows, start:]): the upper triangle by row blocks, about half the
+    work of the full matrix. Work per block shrinks, so the progress bar speeds up towards the end."""
+    for start in tqdm(range(0, unit.shape[0], block_rows), desc=desc, unit="block", disable=not progress):
+        yield start, unit[start : start + block_rows] @ unit[start:].T  # [b, V - start]
+
+
 def seed_groups(
     unit: torch.Tensor, theta: float, block_rows: int, progress: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSR (indptr Long[V+1], members Int32[nnz]) of G(t) for every row t, each containing t."""
-    lengths, members = [], []
-    for start, sim in similarity_blocks(unit, block_rows, progress, f"ASG θ={theta:g}"):
-        rows = torch.arange(sim.shape[0], device=sim.device)
+    """CSR (indptr Long[V+1], members Int32[nnz]) of G(t) for every row t, each containing t.
+
+    Cosine similarity is symmetric, so only the upper triangle is computed and each pair above the diagonal
+    block is recorded in both directions (which also makes the relation exactly symmetric under rounding)."""
+    v = unit.shape[0]
+    rows_out, cols_out = [], []
+    for start, sim in upper_similarity_blocks(unit, block_rows, progress, f"ASG θ={theta:g}"):
+        b = sim.shape[0]
+        local = torch.arange(b, device=sim.device)
         mask = sim >= theta
-        mask[rows, rows + start] = True  # t ∈ G(t) whatever rounding does to cos(e_t, e_t)
-        lengths.append(mask.sum(dim=1))
-        members.append(mask.nonzero()[:, 1].to(torch.int32))  # row-major, so each row's members are sorted
+        mask[local, local] = True  # t ∈ G(t) whatever rounding does to cos(e_t, e_t)
+        i, j = mask.nonzero().unbind(1)  # the diagonal block [b, b] holds both directions already
         del sim, mask
-    return lengths_to_indptr(torch.cat(lengths)), torch.cat(members)
+        r, c = (i + start).to(torch.int32), (j + start).to(torch.int32)
+        beyond = j >= b
+        rows_out += [r, c[beyond]]
+        cols_out += [c, r[beyond]]
+    rows, cols = torch.cat(rows_out), torch.cat(cols_out)
+    del rows_out, cols_out
+    order = torch.sort(rows.long() * v + cols.long()).indices  # row-major, members sorted within a row
+    indptr = lengths_to_indptr(torch.bincount(rows.long(), minlength=v))
+    return indptr, cols[order]
 
 
 def dedupe(indptr: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,8 @@ def draft_rows_or_zero(draft_probs: torch.Tensor, position: torch.Tensor) -> tor
     """p at the emission position, zero where the position is γ (the bonus slot has no draft) -> [B, V]."""
     g = draft_probs.shape[1]
     rows = rows_at(draft_probs, position.clamp(max=g - 1))
-    return rows * (position < g).unsqueeze(-1)
+    rows[position >= g] = 0.0
+    return rows
 
 
 def assemble(
@@ -119,12 +120,13 @@ class TokenLevelRule(AcceptanceRule):
         b, g = draft_tokens.shape
         u = uniform((b, g), generator, draft_probs.device)
         num_accepted = count_accepted(self.accept(draft_tokens, draft_probs, target_probs, u))
-        q_rows = rows_at(target_probs, num_accepted)  # [B, V]
         p_rows = draft_rows_or_zero(draft_probs, num_accepted)  # [B, V], zero on bonus rows
         x = torch.gather(draft_tokens, 1, num_accepted.clamp(max=g - 1)[:, None]).squeeze(1)
-        residual = (q_rows - self.recovery_subtrahend(p_rows, x)).clamp_(min=0.0)
+        subtrahend = self.recovery_subtrahend(p_rows, x)
+        residual = rows_at(target_probs, num_accepted).sub_(subtrahend).clamp_(min=0.0)  # [B, V], own copy
         # A residual can vanish only where p == q, which rejects with probability 0; fall back to q there so
         # the vectorised draw is always well defined.
-        empty = residual.sum(-1, keepdim=True) <= 0
-        residual = torch.where(empty, q_rows, residual)
+        empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
+        if empty.numel():
+            residual[empty] = target_probs[empty, num_accepted[empty]].float()
         return assemble(draft_tokens, num_accepted, sample_rows(residual, generator))

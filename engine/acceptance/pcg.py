@@ -86,8 +86,10 @@ class PCGRule(AcceptanceRule):
             n = pending.numel()
             self.stats["thinning_trials"] += n * t
             u = uniform((3, n, t), generator, device)
-            row_cdf = cdf[pending]  # [n, V]
-            y = torch.searchsorted(row_cdf, u[0] * row_cdf[:, -1:], right=True).clamp_(max=q.shape[1] - 1)
+            # y ~ q by inverse CDF; searching all R rows (settled ones get target 0) avoids copying cdf rows
+            targets = torch.zeros(r, t, dtype=torch.float64, device=device)
+            targets[pending] = u[0] * cdf[pending, -1:]
+            y = torch.searchsorted(cdf, targets, right=True)[pending].clamp_(max=q.shape[1] - 1)
             k = table.draw_label(y, u[1])  # [n, T]
             rows = pending.repeat_interleave(t)
             q_c = table.group_mass(q, (rows,), k.flatten()).view(n, t)
