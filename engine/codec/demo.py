@@ -80,6 +80,10 @@ class DemoMelCodec(Codec):
         stream = self.streaming_decoder()
         return np.concatenate([stream.push(np.asarray(codes)), stream.flush()])
 
+    def synthesize(self, log_mel: torch.Tensor) -> np.ndarray:
+        """Griffin-Lim of any log-mel [frames, n_mels] (e.g. unquantised features) with the same blocks."""
+        return BlockGriffinLim(self.spec, self.gl).synthesize_all(log_mel)
+
     def decode_mel(self, codes: np.ndarray) -> torch.Tensor:
         """codes int [T] -> decoded log-mel [T, n_mels] (whole sequence at once)."""
         with torch.no_grad():
@@ -98,24 +102,21 @@ class DemoStreamingDecoder(StreamingDecoder):
         self.synth = BlockGriffinLim(codec.spec, codec.gl)
 
     def _block(self, total: int) -> np.ndarray:
-        gl, ctx = self.codec.gl, self.codec.decoder.context
-        k = self.synth.next_block
-        lo = max(0, k * gl.block - gl.left)
-        hi = min(total, (k + 1) * gl.block + gl.right)
-        clo, chi = max(0, lo - ctx), min(total, hi + ctx)
+        ctx = self.codec.decoder.context
+        lo, hi = self.synth.span(total)
+        clo, chi = max(0, lo - ctx), min(total, hi + ctx)  # the conv decoder's context on both sides
         mel = self.codec.decode_mel(np.array(self.codes[clo:chi]))  # [chi - clo, n_mels]
-        return self.synth.synthesize_block(mel[lo - clo: hi - clo], lo, total)
+        return self.synth.synthesize_block(mel[lo - clo: hi - clo], total)
 
     def push(self, codes: np.ndarray) -> np.ndarray:
         self.codes.extend(int(c) for c in np.asarray(codes).reshape(-1))
-        gl, ctx = self.codec.gl, self.codec.decoder.context
-        out = []
-        while (self.synth.next_block + 1) * gl.block + gl.right + ctx <= len(self.codes):
+        out = [np.zeros(0, np.float32)]
+        while self.synth.ready(len(self.codes), self.codec.decoder.context):
             out.append(self._block(len(self.codes)))
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        return np.concatenate(out)
 
     def flush(self) -> np.ndarray:
-        out = []
-        while self.synth.next_block * self.codec.gl.block < len(self.codes):
+        out = [np.zeros(0, np.float32)]
+        while not self.synth.done(len(self.codes)):
             out.append(self._block(len(self.codes)))
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
+        return np.concatenate(out)

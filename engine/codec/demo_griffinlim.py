@@ -24,10 +24,10 @@ UPSAMPLE = 2  # synthesis frames per mel frame
 
 @dataclass(frozen=True)
 class BlockGLConfig:
-    block: int = 20  # mel frames of final audio per block
+    block: int = 32  # mel frames of final audio per block
     left: int = 6  # context frames before the block (phase carried from the previous block)
     right: int = 6  # look-ahead frames after the block
-    iterations: int = 24
+    iterations: int = 16
     momentum: float = 0.99
     crossfade: int = 320  # samples cross-faded at each block boundary (centred on it)
 
@@ -70,14 +70,33 @@ class BlockGriffinLim:
         audio = torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length)
         return audio.numpy(), phase
 
-    def synthesize_block(self, log_mel: torch.Tensor, first: int, total: int) -> np.ndarray:
-        """Block `self.next_block` from log_mel [frames, n_mels] whose row 0 is mel frame `first`;
-        `total` frames exist (known at the end of the sequence, else a lower bound that covers the
-        look-ahead). Returns the block's final audio (the tail after the last block comes from `finish`)."""
+    def span(self, total: int) -> tuple[int, int]:
+        """Mel frames [lo, hi) the next block reads, given `total` frames so far."""
+        k, cfg = self.next_block, self.cfg
+        return max(0, k * cfg.block - cfg.left), min(total, (k + 1) * cfg.block + cfg.right)
+
+    def ready(self, available: int, context: int = 0) -> bool:
+        """Whether the next block's look-ahead (plus `context` frames more) has arrived."""
+        return (self.next_block + 1) * self.cfg.block + self.cfg.right + context <= available
+
+    def done(self, total: int) -> bool:
+        return self.next_block * self.cfg.block >= total
+
+    def synthesize_all(self, log_mel: torch.Tensor) -> np.ndarray:
+        """A whole log-mel [frames, n_mels] -> audio [frames * hop] (a fresh synthesiser's blocks)."""
+        parts = [np.zeros(0, np.float32)]
+        while not self.done(len(log_mel)):
+            lo, hi = self.span(len(log_mel))
+            parts.append(self.synthesize_block(log_mel[lo:hi], len(log_mel)))
+        return np.concatenate(parts)
+
+    def synthesize_block(self, seg: torch.Tensor, total: int) -> np.ndarray:
+        """The next block from seg = log-mel frames `self.span(total)` [n, n_mels]; `total` frames exist
+        (the final count at the end of the sequence, else any count for which `ready` holds). Returns the
+        block's final audio."""
         cfg, k = self.cfg, self.next_block
-        lo = max(0, k * cfg.block - cfg.left)
-        hi = min(total, (k + 1) * cfg.block + cfg.right)
-        seg = log_mel[lo - first: hi - first]  # [n, n_mels]
+        lo, hi = self.span(total)
+        assert seg.shape[0] == hi - lo
         # Interpolate to the synthesis rate in the log domain: [UPSAMPLE * n, n_mels].
         fine = torch.nn.functional.interpolate(seg.T[None], scale_factor=UPSAMPLE, mode="linear",
                                                align_corners=False)[0].T

@@ -29,6 +29,7 @@ class RecipeConfig:
     decay_steps: int = 600
     draft_steps: int = 400
     workers: int = 2
+    threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
     extra: dict = field(default_factory=dict)
 
 
@@ -56,8 +57,113 @@ def stage_prepare(cfg: RecipeConfig) -> None:
 def stage_train(cfg: RecipeConfig) -> None:
     from recipes.demo.train_lm import ModelSize, TrainConfig, train
 
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     data = load_data(cfg.run_dir)
     init = cfg.init_from / "target" if cfg.init_from else None
     train(cfg.run_dir / "target", data["vocab"], data["train"], data["val"], ModelSize(),
           TrainConfig(seed=cfg.seed, max_steps=cfg.max_steps, decay_steps=cfg.decay_steps),
           init_from=init, device=cfg.device, time_budget_min=cfg.train_minutes)
+
+
+def stage_decoder(cfg: RecipeConfig) -> None:
+    """Fit the conv decoder; keep it only if it measures better (Whisper WER) than the centroid lookup."""
+    import json
+
+    from engine.codec.demo import DemoMelCodec
+    from recipes.demo.eval_codec import roundtrip_wer
+    from recipes.demo.synth_corpus import load_corpus
+    from recipes.demo.train_decoder import DECODER_KWARGS, decoder_l1, train_decoder
+
+    out = cfg.run_dir / "codec_final"
+    if (out / "codec.json").exists():
+        print("[decoder] codec_final exists, kept")
+        return
+    base = DemoMelCodec.from_dir(cfg.run_dir / "codec")
+    data, corpus = load_data(cfg.run_dir), load_corpus(cfg.run_dir / "corpus")
+    codes, mels = data["train"].codes, corpus["mel"]
+    net = train_decoder(base.codebook, codes[:-200], mels[:-200], seed=cfg.seed)
+    net_l1 = decoder_l1(net, codes[-200:], mels[-200:])
+    conv = DemoMelCodec(base.codebook, net, base.gl)
+
+    systems = {"mel_griffin_lim": lambda a: base.synthesize(base.features(a)),
+               "codec_centroid": lambda a: base.decode(base.encode(a)),
+               "codec_conv": lambda a: conv.decode(conv.encode(a))}
+    report = roundtrip_wer(systems, count=30, seed=cfg.seed)
+    report["l1"] = {"centroid": decoder_l1(base.decoder, codes[-200:], mels[-200:]), "conv": net_l1}
+    print(f"[decoder] {json.dumps({k: v for k, v in report.items() if k != '_examples'})}", flush=True)
+    chosen = conv if report["codec_conv"]["wer"] <= report["codec_centroid"]["wer"] else base
+    report["chosen"] = "conv" if chosen is conv else "centroid"
+    chosen.save(out, DECODER_KWARGS)
+    (cfg.run_dir / "codec_eval.json").write_text(json.dumps(report, indent=1))
+
+
+def stage_draft(cfg: RecipeConfig) -> None:
+    """Export the target checkpoint (fp16 Hugging Face dir) and distil the draft from it."""
+    from transformers import LlamaForCausalLM
+
+    from recipes.demo.train_draft import distill
+    from recipes.demo.train_lm import export
+
+    export_dir = cfg.run_dir / "export"
+    export(cfg.run_dir / "target" / "ckpt.pt", export_dir / "target")
+    if (export_dir / "draft" / "config.json").exists():
+        print("[draft] exported draft exists, kept")
+        return
+    data = load_data(cfg.run_dir)
+    target = LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
+    draft = distill(target, data["vocab"], data["train"], cfg.run_dir / "draft", steps=cfg.draft_steps,
+                    seed=cfg.seed + 1)
+    draft.to(torch.float16).save_pretrained(export_dir / "draft", safe_serialization=True)
+
+
+def stage_voices(cfg: RecipeConfig) -> None:
+    from engine.codec.demo import DemoMelCodec
+    from recipes.demo.voices import make_presets
+
+    make_presets(DemoMelCodec.from_dir(cfg.run_dir / "codec_final"), cfg.model_dir / "voices", cfg.seed)
+
+
+def stage_bundle(cfg: RecipeConfig) -> None:
+    """Assemble the model directory: target, draft, codec, vocabulary, ASG table, manifest, loss curves."""
+    import json
+    import shutil
+
+    from recipes.demo.asg import build_table
+    from recipes.demo.report import plot_losses
+
+    model_dir, export_dir = cfg.model_dir, cfg.run_dir / "export"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for name, src in (("target", export_dir / "target"), ("draft", export_dir / "draft"),
+                      ("codec", cfg.run_dir / "codec_final")):
+        shutil.rmtree(model_dir / name, ignore_errors=True)
+        shutil.copytree(src, model_dir / name, ignore=shutil.ignore_patterns("generation_config.json"))
+    vocab = load_data(cfg.run_dir)["vocab"]
+    vocab.save(model_dir / "family.json")
+    family = json.loads((model_dir / "family.json").read_text())
+    voices = sorted(p.stem for p in (model_dir / "voices").glob("*.json"))
+    family["default_voice"] = voices[0] if voices else None
+    (model_dir / "family.json").write_text(json.dumps(family, indent=1))
+    build_table(model_dir, vocab)
+    manifest = {"family": "demo-phoneme", "target": "target", "draft": "draft", "codec": "codec",
+                "codec_type": "demo-mel", "asg_table": "asg.safetensors", "voices": "voices"}
+    (model_dir / "pcgtts.json").write_text(json.dumps(manifest, indent=1))
+    plot_losses(cfg.run_dir, model_dir / "loss_curves.png")
+
+
+def stage_eval(cfg: RecipeConfig) -> None:
+    import json
+
+    from recipes.demo.eval_lm import evaluate
+    from recipes.demo.report import write_report
+
+    report = evaluate(cfg.model_dir, seed=cfg.seed, **cfg.extra.get("eval", {}))
+    (cfg.model_dir / "eval.json").write_text(json.dumps(report, indent=1))
+    write_report(cfg.run_dir, cfg.model_dir, report)
+
+
+def run(cfg: RecipeConfig, stages: list[str]) -> None:
+    funcs = {name: globals()[f"stage_{name}"] for name in STAGES}
+    for name in stages:
+        print(f"[recipe] stage {name}", flush=True)
+        funcs[name](cfg)

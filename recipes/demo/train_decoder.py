@@ -43,9 +43,11 @@ def train_decoder(codebook: torch.Tensor, codes: list[np.ndarray], mels: list[np
     return model.eval()
 
 
-def centroid_l1(codebook: torch.Tensor, codes: list[np.ndarray], mels: list[np.ndarray]) -> float:
-    """L1 of the plain centroid lookup, for comparison."""
+def decoder_l1(decoder: torch.nn.Module, codes: list[np.ndarray], mels: list[np.ndarray]) -> float:
+    """Mean L1 between decoded and real (floored) log-mel, over utterances."""
     floor = float(np.log(LOG_FLOOR))
-    err = [(codebook[torch.from_numpy(c.astype(np.int64))] - torch.from_numpy(m.astype(np.float32))
-            .clamp(min=floor)).abs().mean().item() for c, m in zip(codes, mels, strict=True)]
+    with torch.no_grad():
+        err = [(decoder(torch.from_numpy(c.astype(np.int64))[None])[0]
+                - torch.from_numpy(m.astype(np.float32)).clamp(min=floor)).abs().mean().item()
+               for c, m in zip(codes, mels, strict=True)]
     return float(np.mean(err))

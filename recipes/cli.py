@@ -1,0 +1,48 @@
+"""`pcgtts recipe demo`: rebuild the embedded demo model (see recipes/demo/pipeline.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from recipes.demo.pipeline import STAGES, RecipeConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    recipe = subparsers.add_parser("recipe", help="rebuild shipped models from scratch")
+    which = recipe.add_subparsers(dest="recipe", required=True)
+    demo = which.add_parser("demo", help="the embedded demo model: corpus, codec, target, draft, ASG, voices")
+    defaults = RecipeConfig()
+    # no `choices`: Python 3.11's argparse rejects an empty nargs="*" list against them; run_demo checks
+    demo.add_argument("stages", nargs="*", default=[],
+                      help=f"stages to run, in order (default: all of {' '.join(STAGES)})")
+    demo.add_argument("--run-dir", type=Path, default=defaults.run_dir, help="working files (git-ignored)")
+    demo.add_argument("--model-dir", type=Path, default=defaults.model_dir,
+                      help="where the bundle is written")
+    demo.add_argument("--seed", type=int, default=defaults.seed)
+    demo.add_argument("--num-utterances", type=int, default=defaults.num_utterances)
+    demo.add_argument("--device", default=defaults.device, help="training device: cpu or cuda")
+    demo.add_argument("--init-from", type=Path, default=None,
+                      help="start the target from this bundle's weights (e.g. models/demo-en), not scratch")
+    demo.add_argument("--train-minutes", type=float, default=None,
+                      help="stop target training after this long (a later run resumes from the checkpoint)")
+    demo.add_argument("--max-steps", type=int, default=defaults.max_steps)
+    demo.add_argument("--decay-steps", type=int, default=defaults.decay_steps)
+    demo.add_argument("--draft-steps", type=int, default=defaults.draft_steps)
+    demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
+    demo.set_defaults(func=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from recipes.demo.pipeline import run
+
+    unknown = [s for s in args.stages if s not in STAGES]
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {unknown}; stages are {STAGES}")
+    cfg = RecipeConfig(run_dir=args.run_dir, model_dir=args.model_dir, seed=args.seed,
+                       num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
+                       train_minutes=args.train_minutes, max_steps=args.max_steps,
+                       decay_steps=args.decay_steps, draft_steps=args.draft_steps,
+                       threads=args.threads)
+    run(cfg, args.stages or STAGES)
+    return 0

@@ -1,0 +1,163 @@
+"""Offline evaluation of the demo bundle (held-out sentences): the issue's quality gates, measured.
+
+* target-only: Whisper tiny.en WER, share of utterances that end by themselves (<end>), duration vs
+  espeak-ng's for the same text and voice; several seeds at one temperature;
+* voice cloning: held-out speakers' clips as prompts; resemblyzer similarity to that speaker (another real
+  clip of it) vs to every preset voice;
+* draft alone (WER), exact speculative decoding at γ=3 (acceptance rate α) and the draft/target per-token
+  cost ratio.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.bundle import ModelBundle
+from engine.codec.demo_features import HOP
+from engine.speech.base import VoicePrompt
+from engine.speech.demo_layout import MAX_REF_FRAMES
+from recipes.demo.eval_codec import eval_sentences
+from recipes.demo.eval_tools import SpeakerEncoder, Transcriber, corpus_wer
+from recipes.demo.speakers import split_speakers
+from recipes.demo.synth_corpus import render
+from recipes.demo.voices import preset_speakers, reference_clip
+
+MAX_TOKENS = 700  # ~10 s of speech plus markers: far beyond any eval sentence
+
+
+@dataclass
+class Item:
+    text: str
+    voice: VoicePrompt
+    espeak_seconds: float
+    speaker: str
+
+
+def _engine(bundle: ModelBundle, *, draft: bool, target_dir: Path | None = None, gamma: int = 3) -> Engine:
+    return Engine(EngineConfig(target=str(target_dir or bundle.target_dir),
+                               draft=str(bundle.draft_dir) if draft else None,
+                               acceptance="exact", num_speculative_tokens=gamma if draft else 0))
+
+
+def _generate(engine: Engine, family, items: list[Item], temperature: float, seed: int):
+    prompts = [family.build_prompt(it.text, it.voice) for it in items]
+    params = [SamplingParams(temperature=temperature, max_tokens=MAX_TOKENS, stop_token_ids=p.stop_token_ids,
+                             seed=seed * 100003 + i, constraint=p.constraint) for i, p in enumerate(prompts)]
+    start = time.time()
+    gens = engine.generate([p.token_ids for p in prompts], params)
+    return gens, time.time() - start
+
+
+def target_items(family, codec, count: int, seed: int = 0) -> list[Item]:
+    """Held-out sentences, each spoken by a preset voice in turn (espeak duration with that speaker)."""
+    presets = preset_speakers(seed)
+    names = sorted(family.voices)
+    items = []
+    for k, (text, _) in enumerate(eval_sentences(count, seed)):
+        name = names[k % len(names)]
+        audio, _, _ = render(text, presets[name])
+        items.append(Item(text, family.voices[name], len(audio) / codec.sample_rate, name))
+    return items
+
+
+def score(gens, items: list[Item], family, codec, transcriber: Transcriber) -> dict:
+    refs, hyps, ratios, ended = [], [], [], []
+    for g, it in zip(gens, items, strict=True):
+        audio = codec.decode(family.tokens_to_codes(g.token_ids))
+        refs.append(it.text)
+        hyps.append(transcriber(audio) if len(audio) > HOP else "")
+        ratios.append(len(audio) / codec.sample_rate / it.espeak_seconds)
+        ended.append(g.finish_reason == "stop")
+    ratios = np.array(ratios)
+    return {"wer": corpus_wer(refs, hyps), "ended_share": float(np.mean(ended)),
+            "duration_ratio_median": float(np.median(ratios)),
+            "duration_within_30pct": float(np.mean(np.abs(ratios - 1) <= 0.3)), "n": len(items),
+            "examples": [{"ref": r, "hyp": h} for r, h in list(zip(refs, hyps, strict=True))[:4]]}
+
+
+def cloning(bundle, family, codec, transcriber, speaker_encoder, count_per_speaker: int, temperature: float,
+            seed: int = 0) -> dict:
+    """Prompt with a held-out speaker's clip; is the output closest to that speaker among the presets?"""
+    _, held_out = split_speakers(seed)
+    presets = preset_speakers(seed)
+    sentences = [t for t, _ in eval_sentences(60, seed)]
+    clip_texts, gen_texts = sentences[40:], sentences[:40]
+    preset_emb = {n: speaker_encoder(reference_clip(v, clip_texts)[0]) for n, v in presets.items()}
+    items, own_emb = [], []
+    for s, voice in enumerate(held_out):
+        clip, text = reference_clip(voice, clip_texts)
+        other, _, _ = render(clip_texts[-1 - s], voice)  # a different real clip of the same speaker
+        own_emb.append(speaker_encoder(other))
+        prompt = VoicePrompt(codes=codec.encode(clip)[:MAX_REF_FRAMES], transcript=text)
+        for k in range(count_per_speaker):
+            t = gen_texts[(s * count_per_speaker + k) % len(gen_texts)]
+            items.append((s, Item(t, prompt, 0.0, voice.key)))
+    gens, _ = _generate(_engine(bundle, draft=False), family, [it for _, it in items], temperature, seed)
+    wins, margins = [], []
+    for g, (s, _) in zip(gens, items, strict=True):
+        emb = speaker_encoder(codec.decode(family.tokens_to_codes(g.token_ids)))
+        own = float(emb @ own_emb[s])
+        best_preset = max(float(emb @ e) for e in preset_emb.values())
+        wins.append(own > best_preset)
+        margins.append(own - best_preset)
+    return {"win_share": float(np.mean(wins)), "margin_median": float(np.median(margins)), "n": len(items),
+            "held_out_speakers": [v.key for v in held_out]}
+
+
+def per_token_cost(bundle: ModelBundle, family, items: list[Item], tokens: int = 120) -> dict:
+    """Seconds per generated token of one sequence, target alone vs draft alone (same engine code)."""
+    out = {}
+    for name, target in (("target", bundle.target_dir), ("draft", bundle.draft_dir)):
+        engine = Engine(EngineConfig(target=str(target)))
+        prompt = family.build_prompt(items[0].text, items[0].voice)
+        params = SamplingParams(temperature=0.8, max_tokens=tokens, seed=0)  # unconstrained: fixed length
+        engine.generate([prompt.token_ids], params)  # warm-up
+        times = []
+        for _ in range(3):
+            start = time.time()
+            g = engine.generate([prompt.token_ids], params)[0]
+            times.append((time.time() - start) / len(g.token_ids))
+        out[name] = float(np.median(times))
+    out["ratio"] = out["draft"] / out["target"]
+    return out
+
+
+def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1, 2),
+             temperature: float = 0.8, clone_per_speaker: int = 3, seed: int = 0) -> dict:
+    bundle = ModelBundle.from_dir(model_dir)
+    family, codec = bundle.load_family(), bundle.load_codec()
+    transcriber = Transcriber()
+    items = target_items(family, codec, count, seed)
+    report: dict = {"temperature": temperature, "seeds": list(seeds), "count": count}
+    started = time.time()
+    target_engine = _engine(bundle, draft=False)
+    runs = []
+    for s in seeds:
+        gens, secs = _generate(target_engine, family, items, temperature, s)
+        runs.append(score(gens, items, family, codec, transcriber) | {"seed": s, "generate_seconds": secs})
+        print(f"[eval] target seed {s}: WER {runs[-1]['wer']:.3f} ended {runs[-1]['ended_share']:.2f}",
+              flush=True)
+    report["target"] = runs
+    if bundle.draft_dir is not None:
+        gens, secs = _generate(_engine(bundle, draft=False, target_dir=bundle.draft_dir), family, items,
+                               temperature, seeds[0])
+        report["draft_alone"] = score(gens, items, family, codec, transcriber) | {"generate_seconds": secs}
+        spec_engine = _engine(bundle, draft=True, gamma=3)
+        gens, secs = _generate(spec_engine, family, items, temperature, seeds[0])
+        drafted = sum(g.num_drafted for g in gens)
+        accepted = sum(g.num_accepted for g in gens)
+        report["speculative_exact_gamma3"] = score(gens, items, family, codec, transcriber) | {
+            "alpha": accepted / max(1, drafted), "drafted": drafted, "accepted": accepted,
+            "generate_seconds": secs, "target_only_seconds": runs[0]["generate_seconds"]}
+        print(f"[eval] exact γ=3 α {accepted / max(1, drafted):.3f}", flush=True)
+        report["cost_per_token"] = per_token_cost(bundle, family, items)
+    report["cloning"] = cloning(bundle, family, codec, transcriber, SpeakerEncoder(), clone_per_speaker,
+                                temperature, seed)
+    print(f"[eval] cloning win share {report['cloning']['win_share']:.2f}", flush=True)
+    report["eval_seconds"] = time.time() - started
+    return report

@@ -1,0 +1,61 @@
+"""The draft: the target's embeddings, first layer(s), final norm and LM head, distilled from the target.
+
+Distillation minimises KL(target || draft) over the generated part of training sequences (teacher-forced
+target distributions computed on the fly), so the draft learns to propose what the target would sample.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from engine.speech.demo_layout import DemoVocab
+from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, make_batch
+from recipes.demo.train_lm import ModelSize
+
+
+def draft_from_target(target: LlamaForCausalLM, layers: int = 1) -> LlamaForCausalLM:
+    """A `layers`-layer Llama sharing the target's shapes, initialised from its first layers."""
+    cfg = target.config.__class__(**target.config.to_dict())
+    cfg.num_hidden_layers = layers
+    draft = LlamaForCausalLM(cfg)
+    own = draft.state_dict()
+    draft.load_state_dict({k: v.clone() for k, v in target.state_dict().items() if k in own})
+    return draft
+
+
+def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *, layers: int = 1,
+            steps: int = 400, batch_size: int = 12, lr: float = 1e-3, seed: int = 1) -> LlamaForCausalLM:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    target.eval()
+    draft = draft_from_target(target, layers).train()
+    optim = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    plan = BatchPlan(utts, batch_size, seed)  # a different order from the target's (seed differs)
+    history, start = [], time.time()
+    for step in range(steps):
+        batch = make_batch(vocab, utts, plan, step)
+        keep = batch["labels"] != IGNORE  # [B, L] positions whose next token is generated speech
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        with torch.no_grad():
+            t_logp = torch.log_softmax(target(**inputs).logits[keep].float(), -1)  # [n, V]
+        d_logp = torch.log_softmax(draft(**inputs).logits[keep], -1)  # [n, V]
+        loss = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()  # KL(target || draft)
+        for group in optim.param_groups:
+            group["lr"] = lr * min(1.0, (step + 1) / 50) * max(0.1, 1 - step / steps)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        optim.step()
+        history.append({"step": step + 1, "kl": loss.item(), "time": time.time()})
+        if (step + 1) % 25 == 0:
+            print(f"[draft] step {step + 1}/{steps} KL {loss.item():.3f} {time.time() - start:.0f}s",
+                  flush=True)
+    (out_dir / "history.json").write_text(json.dumps(history))
+    (out_dir / "size.json").write_text(json.dumps(asdict(ModelSize(layers=layers)) | {"from": "target"}))
+    return draft.eval()
