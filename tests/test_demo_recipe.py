@@ -1,0 +1,103 @@
+"""The demo recipe's data path: sentence cleaning, training examples, batch plan, schedule, draft init."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.speech.demo_layout import END, SPEECH, DemoVocab, prompt_tokens
+from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, example, make_batch
+from recipes.demo.text_corpus import MAX_WORDS, MIN_WORDS, _clean, _pieces
+from recipes.demo.train_draft import draft_from_target
+from recipes.demo.train_lm import ModelSize, TrainConfig
+
+VOCAB = DemoVocab(phonemes=tuple(f"p{i}" for i in range(10)), codebook_size=32)
+
+
+def _utts(n: int = 40, seed: int = 0) -> Utterances:
+    rng = np.random.default_rng(seed)
+    ph, st, co = [], [], []
+    for _ in range(n):
+        frames = int(rng.integers(20, 60))
+        k = int(rng.integers(3, 8))
+        ph.append((16 + rng.integers(0, 10, k)).tolist())
+        st.append(np.sort(rng.integers(0, frames, k)))
+        co.append(rng.integers(0, 32, frames))
+    return Utterances(ph, st, co, rng.integers(0, 4, n))
+
+
+def test_pieces_are_speakable_clauses():
+    text = ("And the earth was without form, and void; and darkness was upon the face of the deep, and the "
+            "spirit of the lord moved upon the face of the waters, and it was good and very good indeed.")
+    pieces = [c for c in (_clean(p) for p in _pieces(text)) if c]
+    assert pieces and all(MIN_WORDS <= len(p.split()) <= MAX_WORDS for p in pieces)
+    assert all(p[0].isupper() and p[-1] in ".?!" for p in pieces)
+    assert _clean("Visit http://x.org now please") is None  # symbols outside plain text are refused
+
+
+def test_example_masks_the_prompt_and_corrupts_only_target_codes():
+    utts = _utts()
+    clean, labels = example(VOCAB, utts, 0, 1, np.random.default_rng(0), corrupt=False)
+    noisy, labels2 = example(VOCAB, utts, 0, 1, np.random.default_rng(0), corrupt=True)
+    assert labels == labels2 and len(clean) == len(noisy) == len(labels)
+    start = clean.index(SPEECH)  # inputs up to <speech> are prompt; labels start predicting there
+    assert all(y == IGNORE for y in labels[:start]) and labels[start] == utts.phoneme_ids[0][0]
+    assert labels[-1] == END
+    assert clean[:start + 1] == noisy[:start + 1]  # the reference and text are never corrupted
+    changed = [i for i, (a, b) in enumerate(zip(clean, noisy, strict=True)) if a != b]
+    assert all(clean[i] >= VOCAB.code_offset and noisy[i] >= VOCAB.code_offset for i in changed)
+    # ~10% of target codes flip; over many examples the rate is close to it
+    flips = total = 0
+    for i in range(len(utts)):
+        a, _ = example(VOCAB, utts, i, None, np.random.default_rng(i), corrupt=False)
+        b, _ = example(VOCAB, utts, i, None, np.random.default_rng(i), corrupt=True)
+        s = a.index(SPEECH)
+        codes = [k for k in range(s, len(a)) if a[k] >= VOCAB.code_offset]
+        total += len(codes)
+        flips += sum(a[k] != b[k] for k in codes)
+    assert 0.06 < flips / total < 0.12  # 10% drawn, 1/32 of draws land on the same code
+
+
+def test_prompt_holds_reference_codes_of_the_same_speaker():
+    utts = _utts()
+    plan = BatchPlan(utts, 4, seed=3)
+    batch = make_batch(VOCAB, utts, plan, 0)
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
+    ids = plan.batch(0)
+    for row, i in enumerate(ids):
+        x = batch["input_ids"][row].tolist()
+        head = prompt_tokens(VOCAB, None, utts.phoneme_ids[i])
+        assert x[:2] == head[:2]
+
+
+def test_batch_plan_is_deterministic_and_covers_each_epoch_once():
+    utts = _utts(48)
+    a, b = BatchPlan(utts, 4, seed=7), BatchPlan(utts, 4, seed=7)
+    epoch = [a.batch(s) for s in range(a.per_epoch)]
+    assert all(np.array_equal(x, b.batch(s)) for s, x in enumerate(epoch))
+    assert sorted(np.concatenate(epoch).tolist()) == list(range(48))
+    assert not np.array_equal(np.concatenate(epoch), np.concatenate([a.batch(s) for s in range(12, 24)]))
+    # resuming at a step gives the batch an uninterrupted run would have seen there
+    assert np.array_equal(BatchPlan(utts, 4, seed=7).batch(17), a.batch(17))
+
+
+def test_schedule_warms_up_holds_then_decays_to_the_floor():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=10, max_steps=100, decay_steps=20, min_lr_ratio=0.1)
+    lrs = [cfg.lr_at(s) for s in range(100)]
+    assert lrs[0] == 1e-4 and lrs[9] == 1e-3 and lrs[79] == 1e-3
+    assert all(x >= y for x, y in zip(lrs[80:], lrs[81:], strict=False))
+    assert abs(cfg.lr_at(100) - 1e-4) < 1e-12
+
+
+def test_draft_is_the_targets_first_layer_with_shared_head():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    size = ModelSize(layers=3, hidden=32, heads=2, intermediate=64)
+    target = LlamaForCausalLM(size.config(VOCAB.vocab_size))
+    draft = draft_from_target(target, layers=1)
+    assert draft.config.num_hidden_layers == 1
+    t, d = target.state_dict(), draft.state_dict()
+    assert set(d) <= set(t)
+    assert all(torch.equal(d[k], t[k]) for k in d)
+    assert "model.layers.0.self_attn.q_proj.weight" in d and "model.layers.1.self_attn.q_proj.weight" not in d
