@@ -23,7 +23,7 @@ OpenAI-compatible text-to-speech with speculative decoding (PCG acceptance).
 * `POST /v1/audio/speech` streams audio (mp3, opus, aac, flac, wav, pcm; 24 kHz mono) or SSE events,
   with extensions for an inline speaker prompt (`ref_audio` + `ref_text`), sampling and the acceptance rule.
 * `/v1/audio/voices` uploads, lists and deletes cloned voices (persisted across restarts).
-* `WS /v1/audio/speech/stream` streams PCM for live playback (protocol in the README).
+* `WS /v1/audio/speech/stream` streams PCM for live playback (protocol below).
 * `/metrics` exports Prometheus metrics; `/health` and `/ready` are for probes; `/` is a playground.
 
 Errors have OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -75,7 +75,8 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
         finally:
             state.close()
 
-    app = FastAPI(title="pcgtts", version="0.1.0", description=API_DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="pcgtts", version="0.1.0", lifespan=lifespan,
+                  description=API_DESCRIPTION + "\n### WebSocket protocol\n\n" + ws.PROTOCOL)
     app.state.pcgtts = state
     install_error_handlers(app)
 

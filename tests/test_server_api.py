@@ -51,6 +51,8 @@ def test_health_ready_and_models(live_server):
     assert models["object"] == "list" and card["object"] == "model"
     assert card["pcgtts"]["sample_rate"] == live_server.state.service.sample_rate
     assert "exact" in card["pcgtts"]["acceptance_rules"]
+    audio_models = httpx.get(live_server.url + "/v1/audio/models").json()["models"]
+    assert {"id": card["id"]} in audio_models and {"id": "tts-1"} in audio_models
 
 
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
@@ -170,6 +172,8 @@ def test_openapi_describes_the_api(live_server):
     speech_responses = paths["/v1/audio/speech"]["post"]["responses"]
     assert {"audio/mpeg", "audio/pcm", "text/event-stream"} <= set(speech_responses["200"]["content"])
     assert {"400", "429", "503"} <= set(speech_responses)
+    assert "/v1/audio/speech/stream" in spec["info"]["description"]  # the WebSocket protocol is described
+    assert "input.done" in spec["info"]["description"]
     assert httpx.get(live_server.url + "/docs").status_code == 200
 
 

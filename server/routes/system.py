@@ -36,6 +36,12 @@ async def list_models(request: Request) -> ModelList:
     return ModelList(data=[ModelCard(id=state.model_name, created=state.started_at, pcgtts=details)])
 
 
+@router.get("/v1/audio/models", summary="Speech models (Open WebUI's listing)")
+async def list_audio_models(request: Request) -> dict:
+    """`{"models": [{"id": ...}]}`, the shape Open WebUI reads; every name maps to the served model."""
+    return {"models": [{"id": name} for name in (get_state(request).model_name, "tts-1", "tts-1-hd")]}
+
+
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response,
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(request: Request) -> Response:

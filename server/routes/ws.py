@@ -1,23 +1,4 @@
-"""WebSocket /v1/audio/speech/stream: live playback, several utterances per connection.
-
-Client -> server (JSON text frames):
-  {"type": "session.config", ...}   voice, speed, sample_rate, sampling extensions, ref_audio/ref_text;
-                                    applies to utterances started after it
-  {"type": "input.text", "text": "..."}   appends to the pending utterance
-  {"type": "input.done"}            speaks the pending text (queued behind a running utterance)
-  {"type": "input.cancel"}          aborts the running utterance and drops queued ones
-  {"type": "session.close"}         finishes queued utterances, then closes
-Server -> client:
-  {"type": "session.created", "format": "pcm", "sample_rate": ..., "model": ...}
-  {"type": "audio.start", "utterance_id", "format": "pcm", "sample_rate", "channels": 1}
-  binary frames: 16-bit little-endian mono PCM at `sample_rate`
-  {"type": "audio.progress", "utterance_id", "samples", "tokens", "drafted", "accepted", "acceptance_rate"}
-  {"type": "audio.done", "utterance_id", "total_bytes", "audio_seconds", "ttfa_ms", "usage", "drafted",
-   "accepted", "acceptance_rate", "finish_reason", "cancelled"}
-  {"type": "error", "utterance_id"?, "error": {"message", "type", "param", "code"}}
-  {"type": "session.done"}
-Closing the socket aborts the running utterance at once and frees its KV cache.
-"""
+"""WebSocket /v1/audio/speech/stream: live playback, several utterances per connection (PROTOCOL)."""
 
 from __future__ import annotations
 
@@ -46,6 +27,31 @@ from server.streaming import (
 )
 
 router = APIRouter()
+
+PROTOCOL = """\
+`WS /v1/audio/speech/stream` (API key, if set: `Authorization: Bearer KEY` or `?api_key=KEY`).
+
+Client -> server, JSON text messages:
+* `{"type": "session.config", ...}`: `voice`, `speed`, `sample_rate` (8000-48000, default 24000) and the
+  speech extensions (`seed`, `temperature`, `acceptance`, `ref_audio`/`ref_text`, ...); applies to
+  utterances started after it
+* `{"type": "input.text", "text": "..."}`: appends to the pending utterance
+* `{"type": "input.done"}`: speaks the pending text (queued behind a running utterance)
+* `{"type": "input.cancel"}`: aborts the running utterance and drops queued ones
+* `{"type": "session.close"}`: finishes queued utterances, then closes
+
+Server -> client:
+* `{"type": "session.created", "format": "pcm", "sample_rate", "model"}`
+* `{"type": "audio.start", "utterance_id", "format": "pcm", "sample_rate", "channels": 1}`
+* binary frames: 16-bit little-endian mono PCM at `sample_rate`
+* `{"type": "audio.progress", "utterance_id", "samples", "tokens", "drafted", "accepted", "acceptance_rate"}`
+* `{"type": "audio.done", "utterance_id", "total_bytes", "audio_seconds", "ttfa_ms", "usage", "drafted",
+  "accepted", "acceptance_rate", "finish_reason", "cancelled"}`
+* `{"type": "error", "utterance_id"?, "error": {"message", "type", "param", "code"}}`
+* `{"type": "session.done"}`
+
+Closing the socket aborts the running utterance at once and frees its KV cache.
+"""
 
 
 class SessionConfig(SamplingFields):
