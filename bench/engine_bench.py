@@ -2,12 +2,14 @@
 side in one run, plus Hugging Face `transformers.generate` on the same target as a reference.
 
 Modes run round-robin within each repeat (machines here are noisy) and the median wall time is reported.
-Without --target a random pair is built in a temporary directory and the report says so: a target of
-6 layers at d=384 and a 1-layer draft initialised from it (embeddings, head and first layer shared); the
-target's later layers are damped (--residual-gain) so that the draft agrees with it part of the time, as
-a trained draft would. Random models say nothing about speech quality, only about engine speed.
+Without --target a random pair of the --shape is built in a temporary directory and the report says so:
+`tiny` is a target of 6 layers at d=384 with a 1-layer draft, `llasa-1b` the Llasa-1B shape (16 layers,
+d=2048, GQA 32/8, 193,800 tokens, tied) with a 2-layer draft. The draft shares the target's embeddings,
+head and first layers; the target's later layers are damped (--residual-gain) so that the draft agrees
+with it part of the time, as a trained draft would. Random models say nothing about speech quality, only
+about engine speed.
 
-    pcgtts bench engine --out results/engine            # random pair
+    pcgtts bench engine --out results/engine            # tiny random pair
     pcgtts bench engine --target models/demo-en/target --draft models/demo-en/draft \
         --asg-table models/demo-en/asg.safetensors --out results/engine
 """
@@ -37,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=Path, help="target checkpoint dir (default: a random pair)")
     parser.add_argument("--draft", type=Path, help="draft checkpoint dir")
     parser.add_argument("--asg-table", type=Path, help="ASG table for pcg (default: built from the target)")
-    parser.add_argument("--theta", type=float, default=0.25, help="θ for the ASG table built when none given")
+    parser.add_argument("--theta", type=float, help="θ of the ASG table built when none is given "
+                        "(default: the shape's)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--gamma", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
@@ -49,47 +52,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers.generate reference")
     parser.add_argument("--modes", nargs="+", default=["target-only", "exact", "pcg"])
-    parser.add_argument("--layers", type=int, default=6, help="random pair: target layers")
-    parser.add_argument("--hidden", type=int, default=384, help="random pair: target width")
-    parser.add_argument("--vocab", type=int, default=2048, help="random pair: vocabulary")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="random pair: model shape")
     parser.add_argument("--residual-gain", type=float, default=0.1, help="random pair: later-layer damping")
     parser.add_argument("--out", type=Path, help="write engine.json here")
 
 
-def random_pair(root: Path, layers: int, hidden: int, vocab: int, residual_gain: float, seed: int = 0
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# Random-pair shapes. speech_offset: first speech token (ASG groups are built over [offset, vocab) only).
+SHAPES = {
+    "tiny": dict(layers=6, hidden=384, heads=6, kv_heads=2, intermediate=1024, vocab=2048, tie=False,
+                 draft_layers=1, theta=0.25, speech_offset=0, rope_theta=10000.0, rope_scaling=None),
+    "llasa-1b": dict(layers=16, hidden=2048, heads=32, kv_heads=8, intermediate=8192, vocab=193800, tie=True,
+                     draft_layers=2, theta=0.08, speech_offset=128264, rope_theta=500000.0,
+                     rope_scaling=LLAMA3_ROPE),
+    # the llasa-1b code path on a CPU-sized model (gpu_check.sh's own test)
+    "llasa-mini": dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=193800, tie=True,
+                       draft_layers=1, theta=0.3, speech_offset=128264, rope_theta=500000.0,
+                       rope_scaling=LLAMA3_ROPE),
+}
+
+
+def random_pair(root: Path, shape: str, residual_gain: float, device: str = "cpu", seed: int = 0
                 ) -> BenchSetup:
-    """A random Llama target and a 1-layer draft sharing its embeddings, head and first layer."""
+    """A random Llama target and a draft sharing its embeddings, head and first layers."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    heads = max(1, hidden // 64)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
-                      num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=max(1, heads // 3), max_position_embeddings=4096,
-                      initializer_range=0.1, tie_word_embeddings=False)
+    s = SHAPES[shape]
+    cfg = LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["intermediate"],
+                      num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                      num_key_value_heads=s["kv_heads"], max_position_embeddings=131072, rms_norm_eps=1e-5,
+                      initializer_range=0.1 if s["hidden"] < 1024 else 0.02, tie_word_embeddings=s["tie"],
+                      rope_theta=s["rope_theta"], rope_scaling=s["rope_scaling"])
     torch.manual_seed(seed)
-    target = LlamaForCausalLM(cfg).eval()
+    with torch.device(device):  # a 1B model initialises in seconds on a GPU, minutes on a CPU
+        target = LlamaForCausalLM(cfg).eval()
+    keep = s["draft_layers"]
     with torch.no_grad():
         for name, p in target.named_parameters():
-            later = ".layers." in name and int(name.split(".")[2]) > 0
+            later = ".layers." in name and int(name.split(".")[2]) >= keep
             if later and ("o_proj" in name or "down_proj" in name):
                 p.mul_(residual_gain)
     target.save_pretrained(root / "target")
-    cfg.num_hidden_layers = 1
-    draft = LlamaForCausalLM(cfg).eval()
+    cfg.num_hidden_layers = keep
+    with torch.device(device):
+        draft = LlamaForCausalLM(cfg).eval()
     draft.load_state_dict({k: v for k, v in target.state_dict().items()
-                           if not k.startswith("model.layers.") or k.startswith("model.layers.0.")})
+                           if not k.startswith("model.layers.") or int(k.split(".")[2]) < keep}, strict=False)
     draft.save_pretrained(root / "draft")
-    desc = (f"random pair (no trained model yet): target {layers} layers d={hidden} vocab={vocab}, "
-            f"draft 1 layer from the target, later target layers damped x{residual_gain}")
+    del target, draft
+    desc = (f"random pair, shape {shape} (no trained model): target {s['layers']} layers "
+            f"d={s['hidden']} vocab={s['vocab']}, draft = its first {keep} layer(s), later target layers "
+            f"damped x{residual_gain}")
     return BenchSetup(root / "target", root / "draft", None, desc)
 
 
-def build_table(target: Path, theta: float, out: Path) -> Path:
+def build_table(target: Path, theta: float, out: Path, offset: int = 0, device: str = "cpu") -> Path:
+    """ASG table from the target's input embeddings over tokens [offset, V)."""
     from asg_tables import build_asg
+    from engine.model.config import LlamaConfig
     from engine.model.loader import load_llama
 
-    emb = load_llama(target, "cpu", "float32").embed
-    build_asg(emb, theta, progress=False).save(out)
+    vocab = LlamaConfig.from_dir(target).vocab_size
+    emb = load_llama(target, device, "float32").embed[offset:]
+    build_asg(emb, theta, offset=offset, vocab_size=vocab, device=device, progress=False).save(out)
     return out
 
 
@@ -212,14 +238,17 @@ def format_rows(rows: list[dict]) -> str:
 
 def main(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
+        shape = SHAPES[args.shape]
         if args.target is None:
-            setup = random_pair(Path(tmp), args.layers, args.hidden, args.vocab, args.residual_gain)
+            setup = random_pair(Path(tmp), args.shape, args.residual_gain, args.device)
         else:
             setup = BenchSetup(args.target, args.draft, args.asg_table,
                                f"target {args.target}, draft {args.draft}")
         if "pcg" in args.modes and setup.asg_table is None:
-            setup.asg_table = build_table(setup.target, args.theta, Path(tmp) / "bench.asg")
-            setup.description += f"; ASG table built from the target's embeddings at θ={args.theta}"
+            theta = args.theta or shape["theta"]
+            offset = shape["speech_offset"] if args.target is None else 0
+            setup.asg_table = build_table(setup.target, theta, Path(tmp) / "bench.asg", offset, args.device)
+            setup.description += f"; ASG table built from the target's embeddings at θ={theta}"
         print(setup.description)
         rows = run_bench(args, setup)
     print(format_rows(rows))
