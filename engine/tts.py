@@ -9,8 +9,8 @@ returns a `Synthesis`, an async iterator of float32 audio chunks at the codec's 
 * speech tokens stream from the engine into the codec's streaming decoder, which decodes overlapping
   blocks and cross-fades them, so streamed audio equals a one-pass decode and joins are inaudible;
   audio leaves as soon as the codec has a final block;
-* the codec work of all live streams runs on one `DecodeWorker` thread (batched when the codec offers
-  `push_many`), so the event loop never runs model code;
+* the codec work of all live streams runs on one `DecodeWorker` thread, so the event loop never runs
+  model code;
 * closing the iterator (`aclose`) aborts the engine request and frees its KV blocks.
 
 Per-request statistics (time to first audio, tokens, drafted/accepted, audio seconds) are on
@@ -22,9 +22,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import queue
-import re
-import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, contextmanager
@@ -37,6 +34,8 @@ import soundfile as sf
 from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from engine.codec.base import Codec, StreamingDecoder
 from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from engine.tts_decode import DecodeWorker
+from engine.tts_text import split_sentences
 
 __all__ = ["TTSConfig", "SynthesisOptions", "SynthesisStats", "EngineStats", "Synthesis", "TTSService",
            "VoicePrompt", "InvalidOptions", "NothingToSay", "ServiceOverloaded", "InputTooLong",
@@ -87,7 +86,6 @@ class TTSConfig:
     max_num_seqs: int = 16
     max_waiting: int = 64
     max_tokens: int = 1000  # default cap on generated tokens per sentence
-    max_decode_batch: int = 16  # streams whose codec work one DecodeWorker wake-up takes together
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
 
@@ -149,124 +147,7 @@ class EngineStats:
     preemptions: int = 0
 
 
-# ------------------------------------------------------------------------------------------------- text
-_SENTENCE_END = re.compile(r"(?<=[.!?;:…])[\"')\]]*\s+|\n+")
-_SOFT_BREAK = re.compile(r"(?<=[,;:–—])\s+")
-
-
-def _split_long(piece: str, max_chars: int) -> list[str]:
-    """A sentence longer than max_chars: break at commas/dashes, else at spaces."""
-    out: list[str] = []
-    for part in _SOFT_BREAK.split(piece):
-        while len(part) > max_chars:
-            cut = part.rfind(" ", 0, max_chars)
-            cut = cut if cut > 0 else max_chars
-            out.append(part[:cut].strip())
-            part = part[cut:].strip()
-        if part:
-            out.append(part)
-    merged: list[str] = []
-    for part in out:  # re-join tiny fragments with their neighbour
-        if merged and len(merged[-1]) + 1 + len(part) <= max_chars:
-            merged[-1] = f"{merged[-1]} {part}"
-        else:
-            merged.append(part)
-    return merged
-
-
-def split_sentences(text: str, max_chars: int = 220) -> list[str]:
-    """Text -> speakable segments in order, each at most max_chars long; short sentences are merged."""
-    segments: list[str] = []
-    for sentence in _SENTENCE_END.split(text.strip()):
-        sentence = " ".join(sentence.split())
-        if not sentence:
-            continue
-        for piece in _split_long(sentence, max_chars) if len(sentence) > max_chars else [sentence]:
-            if segments and len(segments[-1]) + 1 + len(piece) <= max_chars // 3:
-                segments[-1] = f"{segments[-1]} {piece}"  # "Hi. Yes." -> one segment
-            else:
-                segments.append(piece)
-    return segments
-
-
-# ------------------------------------------------------------------------------------------- decoding
-class DecodeWorker:
-    """One thread that runs the codec for every live stream, so the event loop never runs model code.
-
-    Jobs pending at the same moment (from any number of streams) are taken together; when the codec
-    offers `push_many(decoders, codes)` (a batched streaming decode), they go to it in one call, else
-    they run back to back.
-    """
-
-    def __init__(self, codec: Codec, max_batch: int = 16):
-        self.codec = codec
-        self.max_batch = max_batch
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="pcgtts-codec", daemon=True)
-        self._thread.start()
-        self.wakeups = 0  # times the thread picked up work
-        self.jobs_done = 0
-
-    async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> tuple[np.ndarray, float]:
-        """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds taken)."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._jobs.put((decoder, codes, loop, future))
-        return await future
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            jobs = [job]
-            while len(jobs) < self.max_batch:
-                try:
-                    more = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._jobs.put(None)
-                    break
-                jobs.append(more)
-            self.wakeups += 1
-            self._process(jobs)
-
-    def _process(self, jobs: list) -> None:
-        push_many = getattr(self.codec, "push_many", None)
-        pushes = [j for j in jobs if j[1] is not None]
-        start = time.perf_counter()
-        if push_many is not None and len(pushes) > 1:
-            try:
-                outputs = push_many([j[0] for j in pushes], [j[1] for j in pushes])
-                took = (time.perf_counter() - start) / len(pushes)
-                for (_, _, loop, future), audio in zip(pushes, outputs, strict=True):
-                    loop.call_soon_threadsafe(_resolve, future, (np.asarray(audio, np.float32), took), None)
-            except Exception as exc:
-                for _, _, loop, future in pushes:
-                    loop.call_soon_threadsafe(_resolve, future, None, exc)
-            jobs = [j for j in jobs if j[1] is None]
-        for decoder, codes, loop, future in jobs:
-            t0 = time.perf_counter()
-            try:
-                audio = decoder.flush() if codes is None else decoder.push(codes)
-                result, error = (np.asarray(audio, dtype=np.float32), time.perf_counter() - t0), None
-            except Exception as exc:  # handed to the waiting stream
-                result, error = None, exc
-            loop.call_soon_threadsafe(_resolve, future, result, error)
-        self.jobs_done += len(jobs) + (len(pushes) if push_many is not None and len(pushes) > 1 else 0)
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=5)
-
-
-def _resolve(future: asyncio.Future, result, error) -> None:
-    if future.done():  # the waiting stream was cancelled
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
+# ------------------------------------------------------------------------------------------- synthesis
 def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) -> np.ndarray:
     """Short linear fades at sentence joins, so silence inserted between sentences does not click."""
     n = min(samples, audio.size)
@@ -280,7 +161,6 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
     return audio
 
 
-# ------------------------------------------------------------------------------------------- synthesis
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
@@ -427,7 +307,7 @@ class TTSService:
         self.sample_rate = int(codec.sample_rate)
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
-        self.decoder = DecodeWorker(codec, config.max_decode_batch)
+        self.decoder = DecodeWorker()
 
     # -- loading
     @classmethod

@@ -116,6 +116,25 @@ class LiveServer:
         self._thread.join(timeout=30)
 
 
+def wait_running(service, timeout: float = 10.0) -> None:
+    """Until a request holds KV blocks (between two sentences of one input, none may for a moment)."""
+    deadline = time.monotonic() + timeout
+    while not (service.engine_stats().num_running >= 1 and service.engine_stats().kv_usage > 0):
+        assert time.monotonic() < deadline, "no request is running"
+        time.sleep(0.005)
+
+
+def wait_idle(service, timeout: float = 10.0) -> float:
+    """Seconds until the engine has no running or waiting request and no KV block in use."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        s = service.engine_stats()
+        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError(f"engine still busy after {timeout} s: {service.engine_stats()}")
+
+
 def tone(seconds: float, rate: int = 22050, freq: float = 180.0) -> np.ndarray:
     """A voiced-sounding test clip: a harmonic-rich tone with a slow amplitude envelope, float32."""
     t = np.arange(int(seconds * rate)) / rate

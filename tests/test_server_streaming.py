@@ -12,6 +12,7 @@ import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server_support import wait_idle, wait_running
 
 from engine.tts import SynthesisOptions
 
@@ -28,17 +29,6 @@ def metric(url: str, name: str, **labels) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
-
-
-def wait_idle(service, timeout: float = 10.0) -> float:
-    """Seconds until the engine has no running or waiting request and no KV block in use."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        s = service.engine_stats()
-        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
-            return time.monotonic() - start
-        time.sleep(0.01)
-    raise AssertionError(f"engine still busy after {timeout} s: {service.engine_stats()}")
 
 
 def test_first_bytes_arrive_while_generation_is_still_running(live_server, tts_service):
@@ -109,7 +99,7 @@ def test_client_disconnect_aborts_generation_and_frees_kv(live_server, tts_servi
     body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT * 3, "response_format": "pcm"}
     with httpx.stream("POST", live_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
         next(response.iter_bytes())
-        assert tts_service.engine_stats().num_running == 1
+        wait_running(tts_service)
         closed_at = time.monotonic()
     freed_after = wait_idle(tts_service)
     assert freed_after < 2.0, f"KV freed only {freed_after:.2f} s after the disconnect"

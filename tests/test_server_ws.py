@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import numpy as np
 import pytest
+from server_support import wait_idle, wait_running
 from websockets.sync.client import connect
 
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
@@ -16,16 +16,6 @@ LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells 
 
 def ws_url(server) -> str:
     return server.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
-
-
-def wait_idle(service, timeout: float = 10.0) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        s = service.engine_stats()
-        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
-            return time.monotonic() - start
-        time.sleep(0.01)
-    raise AssertionError(f"engine still busy: {service.engine_stats()}")
 
 
 def collect_until_done(ws, count: int = 1, timeout: float = 120) -> list:
@@ -94,8 +84,7 @@ def test_closing_mid_utterance_aborts_and_frees_kv(live_server, tts_service):
         speak(ws, LONG_TEXT)
         while not isinstance(ws.recv(timeout=60), bytes):
             pass
-        assert tts_service.engine_stats().num_running == 1
-        assert tts_service.engine_stats().kv_usage > 0
+        wait_running(tts_service)
     assert wait_idle(tts_service) < 2.0
 
 
