@@ -1,0 +1,77 @@
+"""The TTS service the server talks to (engine/tts.py): segmentation, long inputs, options, abort."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from server_support import wait_idle
+
+from engine.tts import InvalidOptions, NothingToSay, SynthesisOptions
+from engine.tts_text import split_sentences
+
+
+def test_split_sentences_keeps_order_and_bounds_length():
+    text = ("First sentence here. Second one! A third? " + "word " * 120 + "end. Ok. Yes.")
+    pieces = split_sentences(text, max_chars=80)
+    assert all(len(p) <= 80 for p in pieces)
+    assert " ".join(pieces).split() == text.split()  # nothing lost, nothing reordered
+    assert pieces[-1].endswith("Ok. Yes.")  # tiny sentences are merged
+    assert split_sentences("  \n ") == []
+
+
+def test_long_input_is_spoken_segment_by_segment(tts_service):
+    text = " ".join(f"Sentence number {n} is here." for n in range(1, 5))
+    segments = tts_service.segments(text)
+    assert len(segments) >= 2
+
+    async def run():
+        synth = tts_service.synthesize(text, None, SynthesisOptions(seed=1))
+        chunks = [c async for c in synth]
+        return np.concatenate(chunks), synth.stats
+
+    audio, stats = asyncio.run(run())
+    assert stats.sentences == len(segments) and stats.finish_reason == "stop"
+    assert audio.size == stats.audio_samples and stats.audio_seconds > 0.3 * len(segments)
+    # The pause between segments is real silence.
+    silent = np.convolve(np.abs(audio) < 1e-6, np.ones(960), "valid") == 960  # 60 ms of zeros
+    assert silent.any()
+
+
+@pytest.mark.parametrize(("options", "param"), [
+    (SynthesisOptions(acceptance="nope"), "acceptance"),
+    (SynthesisOptions(num_speculative_tokens=7), "num_speculative_tokens"),
+    (SynthesisOptions(asg_table="other"), "asg_table"),
+])
+def test_options_the_engine_cannot_honour_are_refused(tts_service, options, param):
+    with pytest.raises(InvalidOptions) as info:
+        tts_service.synthesize("Hello.", None, options)
+    assert info.value.param == param
+
+
+def test_per_request_rule_and_target_only_requests_run(tts_service):
+    async def run(rule):
+        synth = tts_service.synthesize("Hello there.", None, SynthesisOptions(seed=3, acceptance=rule))
+        return [c async for c in synth], synth.stats
+
+    for rule in tts_service.acceptance_rules:
+        chunks, stats = asyncio.run(run(rule))
+        assert chunks and stats.drafted_tokens > 0 and 0 <= stats.accepted_tokens <= stats.drafted_tokens
+
+
+def test_nothing_to_say(tts_service):
+    with pytest.raises(NothingToSay):
+        tts_service.synthesize("?!", None)
+
+
+def test_aclose_aborts_and_frees_kv(tts_service):
+    async def run():
+        synth = tts_service.synthesize("This sentence is long enough to be cut off in the middle. " * 3, None)
+        first = await synth.__anext__()
+        await synth.aclose()
+        return first, synth.stats
+
+    first, stats = asyncio.run(run())
+    assert first.size > 0 and stats.finish_reason == "abort"
+    assert wait_idle(tts_service) < 2.0
