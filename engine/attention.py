@@ -7,7 +7,10 @@ tables with tensor ops only (no host syncs), so the same code runs on CPU and CU
 
 Backends:
 - `sdpa`: gather each sequence's keys/values by block table, then `scaled_dot_product_attention` with a
-  per-position causal mask. Works on any device; the default.
+  per-position causal mask. Works on any device and dtype; the default.
+- `flash_attn`: flash-attn's paged `flash_attn_with_kvcache` (CUDA, fp16/bf16, block_size a multiple of
+  256), opt-in where the `flash_attn` package is installed. Query rows are left-padded by the runner, so
+  the kernel's bottom-right causal alignment puts every real query at its own position.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ class PagedBatch:
     gather_slots: torch.Tensor  # Long[B*ctx] cache slot of logical key position j of row b
     mask: torch.Tensor  # Bool[B, 1, T, ctx] key j visible to query t: j <= positions[b, t]
     context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
+    block_tables: torch.Tensor  # Long[B, M]
+    block_size: int
+
+    @property
+    def seq_lens(self) -> torch.Tensor:
+        """Long[B]: keys each row attends to (its last query position + 1)."""
+        return self.positions.max(dim=1).values + 1
 
 
 def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables: torch.Tensor,
@@ -48,7 +58,8 @@ def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables
     gather = block_tables[:, key_pos // block_size] * block_size + key_pos % block_size  # [B, ctx]
     mask = key_pos[None, None, :] <= positions[:, :, None]  # [B, T, ctx]
     return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1), gather_slots=gather.reshape(-1),
-                      mask=mask.unsqueeze(1), context_len=ctx)
+                      mask=mask.unsqueeze(1), context_len=ctx, block_tables=block_tables,
+                      block_size=block_size)
 
 
 class AttentionBackend(ABC):
@@ -76,12 +87,41 @@ class GatherSDPABackend(AttentionBackend):
         return out.transpose(1, 2).reshape(b, t, h * d)
 
 
-BACKENDS = {"sdpa": GatherSDPABackend}
+class FlashAttnBackend(AttentionBackend):
+    """flash-attn's paged decode/prefill kernel over the same cache layout (no gather)."""
+
+    name = "flash_attn"
+
+    def __init__(self):
+        from flash_attn import flash_attn_with_kvcache  # optional dependency
+
+        self._kernel = flash_attn_with_kvcache
+
+    def attend(self, q, k, v, k_cache, v_cache, meta):
+        b, t, h, d = q.shape
+        h_kv = k.shape[2]
+        k_cache.index_copy_(0, meta.slot_mapping, k.reshape(b * t, h_kv, d))
+        v_cache.index_copy_(0, meta.slot_mapping, v.reshape(b * t, h_kv, d))
+        bs = meta.block_size
+        out = self._kernel(q, k_cache.view(-1, bs, h_kv, d), v_cache.view(-1, bs, h_kv, d),
+                           cache_seqlens=meta.seq_lens.to(torch.int32),
+                           block_table=meta.block_tables.to(torch.int32), causal=True)  # [B, T, H, D]
+        return out.reshape(b, t, h * d)
 
 
-def make_backend(name: str, device: torch.device) -> AttentionBackend:
+BACKENDS = {"sdpa": GatherSDPABackend, "flash_attn": FlashAttnBackend}
+
+
+def make_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None,
+                 block_size: int | None = None) -> AttentionBackend:
+    """`auto` is the gather + SDPA backend everywhere (the one the test suite checks on CPU)."""
     if name == "auto":
         name = "sdpa"
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {sorted(BACKENDS)}")
+    if name == "flash_attn":
+        if torch.device(device).type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError("flash_attn needs CUDA and float16/bfloat16")
+        if block_size is None or block_size % 256:
+            raise ValueError("flash_attn's paged KV needs block_size to be a multiple of 256")
     return BACKENDS[name]()

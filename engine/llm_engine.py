@@ -76,7 +76,7 @@ class Engine:
         if self.max_model_len < 2:
             raise ValueError(f"KV budget of {capacity} tokens is too small for γ={self.gamma}")
         positions = self.max_model_len + self.gamma + 1
-        backend = make_backend(config.attention_backend, self.device)
+        backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions),
                                   num_blocks, block_size, backend)
         self.draft = None

@@ -33,16 +33,17 @@ class ModelRunner:
         return self.model.forward(input_ids, meta, self.cache, self.backend)
 
     def forward_chunks(self, states: list[SeqBlocks], chunks: list[list[int]]) -> torch.Tensor:
-        """Feed each row its token chunk at positions num_computed.. (rows right-padded to the longest).
+        """Feed each row its token chunk at positions num_computed.. (rows left-padded to the longest, so
+        every row's last token sits at index T-1, where causal paged kernels align queries).
 
         Advances num_computed; returns hidden [B, T, d]. Room must have been reserved."""
         width = max(len(c) for c in chunks)
-        ids = [c + [0] * (width - len(c)) for c in chunks]
+        ids = [[0] * (width - len(c)) + c for c in chunks]
         starts = torch.tensor([st.num_computed for st in states], device=self.device)
-        lens = torch.tensor([len(c) for c in chunks], device=self.device)
+        pad = torch.tensor([width - len(c) for c in chunks], device=self.device)
         offsets = torch.arange(width, device=self.device)
-        positions = starts[:, None] + offsets[None, :]  # [B, T]
-        valid = offsets[None, :] < lens[:, None]
+        positions = starts[:, None] + offsets[None, :] - pad[:, None]  # [B, T]
+        valid = offsets[None, :] >= pad[:, None]
         end = max(st.num_computed + len(c) for st, c in zip(states, chunks, strict=True))
         tables = self.block_tables(states, end)
         hidden = self.forward(torch.tensor(ids, device=self.device), positions, valid, tables)

@@ -78,16 +78,14 @@ class SpeculativeDecoder:
         g, dev = self.gamma, self.device
         b = len(seqs)
         lengths = torch.tensor([s.length for s in seqs], device=dev)  # [B]
-        rows = torch.arange(b, device=dev)
         drafts = torch.empty(b, g, dtype=torch.long, device=dev)  # x_1..x_γ
         draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # q_1..q_γ
 
         # 1. draft: catch up on uncached tokens, then one forward per proposed token.
         states = [s.draft for s in seqs]
         chunks = [s.token_ids[s.draft.num_computed:] for s in seqs]
-        hidden = self.draft.forward_chunks(states, chunks)  # [B, T0, d]
-        last = torch.tensor([len(c) - 1 for c in chunks], device=dev)
-        logits = self.draft.logits(hidden[rows, last])[:, None]  # [B, 1, V]
+        hidden = self.draft.forward_chunks(states, chunks)  # [B, T0, d], left-padded
+        logits = self.draft.logits(hidden[:, -1:])  # [B, 1, V]
         tables = self.draft.block_tables(states, max(s.length for s in seqs) + g - 1)
         ones = torch.ones(b, 1, dtype=torch.bool, device=dev)
         for j in range(g):

@@ -22,10 +22,12 @@ CASES = {
 }
 
 
-def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 4) -> list[torch.Tensor]:
+def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 4, backend: str = "sdpa",
+                  dtype: str = "float32") -> list[torch.Tensor]:
     """Logits of every prompt position, fed `chunk` tokens per forward for all prompts at once."""
-    model = load_llama(path, DEVICE, "float32")
-    runner = ModelRunner(model, num_blocks=64, block_size=block_size, backend=make_backend("sdpa", DEVICE))
+    model = load_llama(path, DEVICE, dtype)
+    runner = ModelRunner(model, num_blocks=64, block_size=block_size,
+                         backend=make_backend(backend, DEVICE, model.dtype, block_size))
     states = [SeqBlocks() for _ in prompts]
     for st, p in zip(states, prompts, strict=True):
         st.ensure(runner.blocks, len(p))
@@ -36,7 +38,7 @@ def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 
         hidden = runner.forward_chunks([states[i] for i in live], chunks)
         logits = runner.logits(hidden)
         for row, i in enumerate(live):
-            outs[i].append(logits[row, :len(prompts[i][start:start + chunk])].cpu())
+            outs[i].append(logits[row, logits.shape[1] - len(chunks[row]):].cpu())  # left-padded rows
     return [torch.cat(o) for o in outs]
 
 
@@ -78,3 +80,21 @@ def test_sharded_and_half_precision_checkpoints(tmp_path):
     assert (got - expected).abs().max() < 0.05 * expected.abs().max()  # bf16 weights: close, not equal
     half = load_llama(path, "cpu", "bfloat16")
     assert half.embed.dtype == torch.bfloat16
+
+
+def _flash_attn_usable() -> bool:
+    import importlib.util
+
+    return DEVICE.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None
+
+
+@pytest.mark.skipif(not _flash_attn_usable(), reason="needs PCGTTS_TEST_DEVICE=cuda and flash-attn")
+def test_flash_attn_backend_matches_sdpa(tmp_path):
+    path = save_tiny_llama(tmp_path / "m", vocab=300, hidden=128, heads=4, kv_heads=2, layers=2, seed=9)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (300, 5, 90)]
+    for chunk in (512, 7, 1):
+        flash = engine_logits(path, prompts, chunk, block_size=256, backend="flash_attn", dtype="bfloat16")
+        sdpa = engine_logits(path, prompts, chunk, block_size=256, backend="sdpa", dtype="bfloat16")
+        for f, s in zip(flash, sdpa, strict=True):
+            assert (f - s).abs().max() < 0.05 * s.abs().max()

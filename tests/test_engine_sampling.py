@@ -6,6 +6,8 @@ The reference distribution is computed independently: transformers' model, its l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
@@ -142,6 +144,10 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
         outs[rule] = [g.token_ids for g in engine.generate(prompts, params)]
     target_only = Engine(engine_config(models[0]))
     assert outs["exact"] == outs["pcg"] == [g.token_ids for g in target_only.generate(prompts, params)]
+    # per-request rule override: one batch, half verified by the engine's pcg, half by exact
+    mixed = [replace(params, acceptance="exact" if i % 2 else None) for i in range(len(prompts))]
+    assert [g.token_ids for g in engine.generate(prompts, mixed)] == outs["exact"]
+    assert sorted(engine._rules) == ["exact", "pcg"]
 
 
 def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
