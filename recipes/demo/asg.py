@@ -20,7 +20,7 @@ from asg_tables.embeddings import read_embedding_rows
 from asg_tables.report import table_stats
 from engine.speech.demo_layout import DemoVocab
 
-THETAS = [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
+THETAS = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
 COHERENCE_LIMIT = 0.6
 MAX_MEAN_GROUP = 24.0
 
