@@ -28,5 +28,9 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
+# Rebuilds models/demo-en from scratch (hours on a 2-core CPU; resumable). The eval stage needs the
+# `eval` extra and the hash-pinned wheels of recipes/demo/requirements-eval.txt.
 demo-model: install
+	$(PIP) install --quiet -e '.[eval]'
+	$(PIP) install --quiet --require-hashes --no-deps -r recipes/demo/requirements-eval.txt
 	$(VENV)/bin/pcgtts recipe demo
