@@ -120,18 +120,21 @@ class SpeculativeDecoder:
 
     def _verify(self, seqs, sampler, drafts, draft_probs, target_probs):
         """Run each row's acceptance rule with the row's generator; rows sharing both share one call."""
-        groups: dict[tuple[str, int], list[int]] = {}
+        rules: dict[int, AcceptanceRule] = {}
+        groups: dict[tuple[int, int], list[int]] = {}
         for i, (s, gen) in enumerate(zip(seqs, sampler.generators, strict=True)):
-            groups.setdefault((s.params.acceptance or "", id(gen)), []).append(i)
+            rule = self.rule_for(s.params.acceptance or "")
+            rules[id(rule)] = rule
+            groups.setdefault((id(rule), id(gen)), []).append(i)
         if len(groups) == 1:
-            (name, _), = groups
-            v = self.rule_for(name).verify(drafts, draft_probs, target_probs, sampler.generators[0])
+            (rule_id, _), = groups
+            v = rules[rule_id].verify(drafts, draft_probs, target_probs, sampler.generators[0])
             return v.tokens, v.num_accepted
         tokens = torch.empty(len(seqs), self.gamma + 1, dtype=torch.long, device=self.device)
         accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        for (name, _), rows in groups.items():
+        for (rule_id, _), rows in groups.items():
             idx = torch.tensor(rows, device=self.device)
-            rule: AcceptanceRule = self.rule_for(name)
-            v = rule.verify(drafts[idx], draft_probs[idx], target_probs[idx], sampler.generators[rows[0]])
+            v = rules[rule_id].verify(drafts[idx], draft_probs[idx], target_probs[idx],
+                                      sampler.generators[rows[0]])
             tokens[idx], accepted[idx] = v.tokens, v.num_accepted
         return tokens, accepted
