@@ -87,11 +87,30 @@ async def run_level(url: str, concurrency: int, requests: int, args: argparse.Na
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         await one_request(client, {"model": "pcgtts", "input": "Warm up.", "response_format": "pcm"})
+        before = await spec_counters(client)
         started = time.perf_counter()
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         wall = time.perf_counter() - started
+        after = await spec_counters(client)
     ok = [r for r in results if r["status"] == 200]
-    return summarize(concurrency, ok, len(results) - len(ok), wall)
+    row = summarize(concurrency, ok, len(results) - len(ok), wall)
+    drafted, accepted = (after[k] - before[k] for k in ("drafted", "accepted"))
+    row["acceptance_rate"] = round(accepted / drafted, 4) if drafted else None
+    return row
+
+
+async def spec_counters(client: httpx.AsyncClient) -> dict[str, float]:
+    """Drafted/accepted token counters from /metrics (differences around a level give its acceptance)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {"pcgtts:spec_decode_num_draft_tokens_total": "drafted",
+             "pcgtts:spec_decode_num_accepted_tokens_total": "accepted"}
+    out = {"drafted": 0.0, "accepted": 0.0}
+    for family in text_string_to_metric_families((await client.get("/metrics")).text):
+        for sample in family.samples:
+            if sample.name in names:
+                out[names[sample.name]] += sample.value
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -150,13 +169,14 @@ def start_server(args: argparse.Namespace, data_dir: Path) -> tuple[subprocess.P
 def print_table(rows: list[dict]) -> None:
     base = rows[0]
     print(f"{'conc':>4} {'reqs':>4} {'TTFA p50':>9} {'TTFA p90':>9} {'RTF p50':>8} {'RTF p90':>8} "
-          f"{'audio s/s':>9} {'cont. ok':>8}  TTFA x / RTF x vs c={base['concurrency']}")
+          f"{'audio s/s':>9} {'cont. ok':>8} {'accept':>6}  TTFA x / RTF x vs c={base['concurrency']}")
     for r in rows:
         ratio_ttfa = r["ttfa_p50_s"] / base["ttfa_p50_s"] if base["ttfa_p50_s"] else float("nan")
         ratio_rtf = r["rtf_p50"] / base["rtf_p50"] if base["rtf_p50"] else float("nan")
         print(f"{r['concurrency']:>4} {r['requests']:>4} {r['ttfa_p50_s']:>8.3f}s {r['ttfa_p90_s']:>8.3f}s "
               f"{r['rtf_p50']:>8.3f} {r['rtf_p90']:>8.3f} {r['audio_s_per_wall_s']:>9.2f} "
-              f"{r['continuity_ok']:>8.2f}  {ratio_ttfa:.2f} / {ratio_rtf:.2f}")
+              f"{r['continuity_ok']:>8.2f} {r['acceptance_rate'] or float('nan'):>6.2f}  "
+              f"{ratio_ttfa:.2f} / {ratio_rtf:.2f}")
 
 
 def main(args: argparse.Namespace) -> int:
