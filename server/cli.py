@@ -23,6 +23,10 @@ def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
 
     settings = settings_from(args)
+    if settings.torch_threads:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)

@@ -41,6 +41,8 @@ class ServerSettings:
     max_num_seqs: int = _opt(16, "sequences decoded together per engine step")
     max_waiting: int = _opt(64, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(1000, "default cap on speech tokens per sentence")
+    torch_threads: int | None = _opt(None, "torch intra-op threads (default: torch's; 1 avoids contention "
+                                           "between the engine and codec threads on small CPUs)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",
                          factory=lambda: str(_default_data_dir()))
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on /v1/*")
