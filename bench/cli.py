@@ -1,0 +1,29 @@
+"""`pcgtts bench acceptance|engine|load|verify`: each benchmark module provides `add_arguments(parser)`
+and `main(args)`, or a `main(argv)` with a parser of its own."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {
+    "acceptance": ("bench.acceptance_sweep", "acceptance rules side by side: speed and quality"),
+    "engine": ("bench.engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
+    "load": ("bench.load_test", "server load test: time to first audio, real-time factor"),
+    "verify": ("bench.verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks (results and plots under --out)")
+    inner = parser.add_subparsers(dest="benchmark", required=True)
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        module = importlib.import_module(module_name)
+        sub = inner.add_parser(name, help=help_text, description=module.__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(sub)
+            sub.set_defaults(func=module.main)
+        else:  # a module with its own parser: main(argv)
+            sub.add_argument("argv", nargs=argparse.REMAINDER, help="arguments of the benchmark")
+            sub.set_defaults(func=lambda args, main=module.main: main(args.argv))
