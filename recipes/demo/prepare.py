@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from engine.codec.demo import DemoMelCodec
+from engine.codec.demo_features import LOG_FLOOR
 from engine.speech.demo_layout import MAX_PHONEMES, DemoVocab
 from recipes.demo.fit_codec import fit_kmeans, sample_frames
 from recipes.demo.lm_data import Utterances
@@ -55,7 +56,7 @@ def prepare(run_dir: Path, codebook_size: int = 1024, kmeans_frames: int = 400_0
     codebook = fit_kmeans(frames, codebook_size, seed=seed)
     codec = DemoMelCodec(codebook)
     codec.save(run_dir / "codec")
-    floor = float(np.log(6.7379e-3))
+    floor = float(np.log(LOG_FLOOR))  # the corpus stores log-mel with a lower floor
     codes = [codec.quantize(torch.from_numpy(m.astype(np.float32)).clamp(min=floor)) for m in corpus["mel"]]
     train = Utterances(phoneme_ids=[vocab.phoneme_ids(p) for p in corpus["phonemes"]],
                        starts=corpus["starts"], codes=codes, speaker=np.array(corpus["speaker"]))

@@ -15,13 +15,13 @@ DECODER_KWARGS = {"hidden": 192, "layers": 3, "kernel": 5}
 
 def train_decoder(codebook: torch.Tensor, codes: list[np.ndarray], mels: list[np.ndarray],
                   steps: int = 1500, batch: int = 16, window: int = 64, lr: float = 2e-3,
-                  seed: int = 0) -> CodeToMel:
+                  seed: int = 0, kwargs: dict | None = None) -> CodeToMel:
     """codes[i] int [T_i] and mels[i] [T_i, n_mels] (corpus log-mel) -> fitted decoder."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     floor = float(np.log(LOG_FLOOR))
     long_enough = [i for i, c in enumerate(codes) if len(c) >= window]
-    model = CodeToMel(codebook, **DECODER_KWARGS)
+    model = CodeToMel(codebook, **(kwargs or DECODER_KWARGS))
     optim = torch.optim.AdamW([p for n, p in model.named_parameters() if n != "codebook"], lr=lr)
     start = time.time()
     for step in range(steps):
