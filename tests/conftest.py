@@ -7,11 +7,17 @@ import pytest
 
 @pytest.fixture(scope="session")
 def demo_bundle(tmp_path_factory):
-    """The embedded model when its weights exist, else a tiny random bundle with the real family/codec."""
+    """$PCGTTS_TEST_MODEL if set; else the embedded model when its weights exist; else a tiny random
+    bundle with the real family and codec."""
+    import os
+    from pathlib import Path
+
     from server_support import build_tiny_bundle, embedded_model_ready
 
     from engine.bundle import DEFAULT_MODEL_DIR
 
+    if os.environ.get("PCGTTS_TEST_MODEL"):
+        return Path(os.environ["PCGTTS_TEST_MODEL"])
     if embedded_model_ready():
         return DEFAULT_MODEL_DIR
     return build_tiny_bundle(tmp_path_factory.mktemp("tiny-bundle"))

@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-TEXT = "Hello there, nice to meet you."
+TEXT = "Hello there, friend."
 SEED = {"seed": 11}
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", "flac": "audio/flac",
                  "wav": "audio/wav", "pcm": "audio/pcm"}

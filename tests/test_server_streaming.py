@@ -18,7 +18,7 @@ from engine.tts import SynthesisOptions
 
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
              "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?")
-TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. She sells sea shells."
+TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. She sells shells."
 
 
 def metric(url: str, name: str, **labels) -> float:
@@ -33,7 +33,7 @@ def metric(url: str, name: str, **labels) -> float:
 
 def test_first_bytes_arrive_while_generation_is_still_running(live_server, tts_service):
     wait_idle(tts_service)
-    body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT, "response_format": "pcm", "seed": 5}
+    body = {"model": "tts-1", "voice": "alloy", "input": TWO_SENTENCES, "response_format": "pcm", "seed": 5}
     received, running_at_first, tokens_at_first = [], None, None
     start = time.monotonic()
     with httpx.stream("POST", live_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
@@ -75,7 +75,7 @@ def test_chunk_joins_have_no_discontinuity(tts_service, record_property):
     pieces = asyncio.run(chunks())
     audio = np.concatenate(pieces)
     joins = np.cumsum([p.size for p in pieces])[:-1]
-    assert joins.size >= 5
+    assert joins.size >= 4
     jumps = np.abs(np.diff(audio))  # jumps[i] = |audio[i + 1] - audio[i]|
     at_joins = jumps[joins - 1]
     inside = np.delete(jumps, joins - 1)
@@ -120,8 +120,8 @@ def test_concurrent_streams_share_the_engine_batch(live_server, tts_service):
             time.sleep(0.005)
 
     async def one(client: httpx.AsyncClient, i: int) -> int:
-        body = {"model": "tts-1", "voice": "alloy", "input": f"Stream number {i} says hello.",
-                "response_format": "pcm", "seed": i}
+        body = {"model": "tts-1", "voice": "alloy", "input": f"Stream {i} says hi.", "response_format": "pcm",
+                "seed": i}
         async with client.stream("POST", "/v1/audio/speech", json=body) as response:
             assert response.status_code == 200
             return len(await response.aread())
@@ -141,11 +141,10 @@ def test_concurrent_streams_share_the_engine_batch(live_server, tts_service):
     assert peak[0] >= 2, "concurrent requests never shared a batch"
 
 
-@pytest.mark.parametrize("speed", [0.5, 2.0])
-def test_speed_scales_duration(live_server, speed):
+def test_speed_scales_duration(live_server):
     url = live_server.url + "/v1/audio/speech"
-    body = {"model": "tts-1", "voice": "alloy", "input": "Speed test sentence.", "response_format": "pcm",
-            "seed": 9}
-    normal = httpx.post(url, json=body, timeout=120).content
-    changed = httpx.post(url, json={**body, "speed": speed}, timeout=120).content
-    assert len(changed) / len(normal) == pytest.approx(1 / speed, rel=0.08)
+    body = {"model": "tts-1", "voice": "alloy", "input": "Speed test.", "response_format": "pcm", "seed": 9}
+    normal = len(httpx.post(url, json=body, timeout=120).content)
+    for speed in (0.5, 2.0):
+        changed = len(httpx.post(url, json={**body, "speed": speed}, timeout=120).content)
+        assert changed / normal == pytest.approx(1 / speed, rel=0.08), speed

@@ -22,7 +22,7 @@ def test_split_sentences_keeps_order_and_bounds_length():
 
 
 def test_long_input_is_spoken_segment_by_segment(tts_service):
-    text = " ".join(f"Sentence number {n} is here." for n in range(1, 5))
+    text = "Sentence one is here. Sentence two is here. And three."
     segments = tts_service.segments(text)
     assert len(segments) >= 2
 

@@ -64,7 +64,7 @@ def test_upload_list_get_use_delete(server, client):
     for key in (voice["id"], "Ada"):
         assert httpx.get(f"{server.url}/v1/audio/voices/{key}").json()["id"] == voice["id"]
 
-    args = dict(model="tts-1", input="Testing my own voice.", response_format="pcm", extra_body={"seed": 4})
+    args = dict(model="tts-1", input="My own voice.", response_format="pcm", extra_body={"seed": 4})
     by_name = client.audio.speech.create(voice="Ada", **args).read()
     by_id = client.audio.speech.create(voice={"id": voice["id"]}, **args).read()
     preset = client.audio.speech.create(voice="alloy", **args).read()
