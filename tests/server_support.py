@@ -98,14 +98,14 @@ class LiveServer:
     def state(self):
         return self.app.state.pcgtts
 
-    def start(self, ready_timeout: float = 300.0) -> LiveServer:
+    def start(self, ready_timeout: float = 300.0, wait_for_model: bool = True) -> LiveServer:
         self._thread.start()
         deadline = time.monotonic() + ready_timeout
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.02)
-        while self.state.service is None:
+        while wait_for_model and self.state.service is None:
             if self.state.load_error or time.monotonic() > deadline:
                 raise RuntimeError(f"model did not load: {self.state.load_error}")
             time.sleep(0.05)

@@ -103,3 +103,23 @@ def test_overload_is_rate_limit_error(guarded_server):
         client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
     assert info.value.code == "rate_limit_exceeded"
     assert info.value.response.headers["retry-after"] == "1"
+
+
+def test_model_that_fails_to_load_is_reported(tmp_path):
+    """Liveness stays up, readiness and the API say 503 with the reason (no silent failure)."""
+    settings = ServerSettings(model=str(tmp_path / "no-such-model"), port=free_port(), data_dir=str(tmp_path))
+    server = LiveServer(settings).start(wait_for_model=False)
+    try:
+        deadline = time.monotonic() + 60
+        while server.state.load_error is None:
+            assert time.monotonic() < deadline, "loading never failed"
+            time.sleep(0.05)
+        assert httpx.get(server.url + "/health").status_code == 200
+        ready = httpx.get(server.url + "/ready")
+        assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="-", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as info:
+            client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
+        assert info.value.status_code == 503 and info.value.code == "model_load_failed"
+    finally:
+        server.stop()

@@ -121,7 +121,10 @@ def test_oversized_bodies_are_refused_before_parsing(server):
 
 def test_duplicate_and_preset_names_conflict(server, client):
     assert upload(server, "Twin", wav_bytes(tone(1.5))).status_code == 201
-    assert upload(server, "twin", wav_bytes(tone(1.5))).json()["error"]["code"] == "voice_exists"
+    with pytest.raises(openai.ConflictError) as info:
+        client.audio.voices.create(audio_sample=("t.wav", wav_bytes(tone(1.5))), consent="-", name="twin",
+                                   extra_body={"transcript": "x"})
+    assert info.value.code == "voice_exists"
     preset = next(v["id"] for v in httpx.get(server.url + "/v1/audio/voices").json()["data"]
                   if v["kind"] == "preset")
     clash = upload(server, preset, wav_bytes(tone(1.5)))
