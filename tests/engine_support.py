@@ -5,10 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 
 # bench/gpu_check.sh runs the equivalence tests on CUDA with PCGTTS_TEST_DEVICE=cuda.
 DEVICE = os.environ.get("PCGTTS_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The engine tests' models are tiny: a second intra-op thread buys nothing and, on a shared 2-core
+    machine, spin-waiting threads multiply wall time. Imported by each engine test module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def engine_config(target, **kw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
 
 from engine import Engine, SamplingParams
 from engine.async_engine import AsyncEngine

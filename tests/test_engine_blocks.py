@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
 
 from engine import Engine, SamplingParams
 from engine.block_manager import BlockAllocator, OutOfBlocks, SeqBlocks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
 
 from engine import Engine, SamplingParams
 from engine.bundle import ModelBundle

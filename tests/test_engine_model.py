@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import DEVICE, hf_model, save_tiny_llama
+from engine_support import DEVICE, hf_model, one_torch_thread, save_tiny_llama  # noqa: F401 (fixture)
 
 from engine.attention import make_backend
 from engine.block_manager import SeqBlocks

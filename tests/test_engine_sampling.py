@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
+from engine_support import engine_config, hf_model, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
 from scipy.stats import chisquare
 
 from engine import Engine, SamplingParams

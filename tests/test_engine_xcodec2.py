@@ -6,6 +6,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+from engine_support import one_torch_thread  # noqa: F401 (fixture)
 
 from engine.bundle import CODECS, ModelBundle
 from engine.codec.xcodec2 import WindowedStreamingDecoder, XCodec2Codec
