@@ -128,7 +128,8 @@ def per_token_cost(bundle: ModelBundle, family, items: list[Item], tokens: int =
 
 
 def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1, 2),
-             temperature: float = 0.8, clone_per_speaker: int = 3, seed: int = 0) -> dict:
+             temperature: float = 0.8, extra_temperatures: tuple[float, ...] = (0.5,),
+             clone_per_speaker: int = 3, seed: int = 0) -> dict:
     bundle = ModelBundle.from_dir(model_dir)
     family, codec = bundle.load_family(), bundle.load_codec()
     transcriber = Transcriber()
@@ -143,6 +144,10 @@ def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1
         print(f"[eval] target seed {s}: WER {runs[-1]['wer']:.3f} ended {runs[-1]['ended_share']:.2f}",
               flush=True)
     report["target"] = runs
+    for t in extra_temperatures:  # intelligibility rises as temperature falls: one seed at each
+        gens, secs = _generate(target_engine, family, items, t, seeds[0])
+        report.setdefault("target_other_temperatures", []).append(
+            score(gens, items, family, codec, transcriber) | {"temperature": t, "seed": seeds[0]})
     if bundle.draft_dir is not None:
         gens, secs = _generate(_engine(bundle, draft=False, target_dir=bundle.draft_dir), family, items,
                                temperature, seeds[0])
