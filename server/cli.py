@@ -23,10 +23,12 @@ def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
 
     settings = settings_from(args)
-    if settings.torch_threads:
+    if settings.effective_torch_threads:
         import torch
 
-        torch.set_num_threads(settings.torch_threads)
+        # The engine and codec threads each run small torch ops; one intra-op thread apiece keeps them from
+        # oversubscribing a small CPU (measured ~1.5x faster end to end on 2 busy cores).
+        torch.set_num_threads(settings.effective_torch_threads)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)

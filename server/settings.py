@@ -41,8 +41,8 @@ class ServerSettings:
     max_num_seqs: int = _opt(16, "sequences decoded together per engine step")
     max_waiting: int = _opt(64, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(1000, "default cap on speech tokens per sentence")
-    torch_threads: int | None = _opt(None, "torch intra-op threads (default: torch's; 1 avoids contention "
-                                           "between the engine and codec threads on small CPUs)")
+    torch_threads: int | None = _opt(None, "torch intra-op threads (default: 1 on CPU, where the engine "
+                                           "and codec threads would contend, else torch's; 0 = torch's)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",
                          factory=lambda: str(_default_data_dir()))
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on /v1/*")
@@ -52,6 +52,13 @@ class ServerSettings:
     max_voice_seconds: float = _opt(30.0, "longest reference clip accepted")
     cors_origins: str | None = _opt(None, "comma-separated origins allowed by CORS")
     log_level: str = _opt("info", "uvicorn log level")
+
+    @property
+    def effective_torch_threads(self) -> int | None:
+        """Threads to set, or None to keep torch's default."""
+        if self.torch_threads is not None:
+            return self.torch_threads or None
+        return 1 if self.device == "cpu" else None
 
     @property
     def voices_dir(self) -> Path:
