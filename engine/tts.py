@@ -9,8 +9,8 @@ returns a `Synthesis`, an async iterator of float32 audio chunks at the codec's 
 * speech tokens stream from the engine into the codec's streaming decoder, which decodes overlapping
   blocks and cross-fades them, so streamed audio equals a one-pass decode and joins are inaudible;
   audio leaves as soon as the codec has a final block;
-* the codec work of all live streams runs on one `DecodeWorker` thread, so the event loop never runs
-  model code;
+* the codec work of all live streams runs on `DecodePool` threads (one by default), so the event loop
+  never runs model code;
 * closing the iterator (`aclose`) aborts the engine request and frees its KV blocks.
 
 Per-request statistics (time to first audio, tokens, drafted/accepted, audio seconds) are on
@@ -34,7 +34,7 @@ import soundfile as sf
 from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from engine.codec.base import Codec, StreamingDecoder
 from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
-from engine.tts_decode import DecodeWorker
+from engine.tts_decode import DecodePool
 from engine.tts_text import split_sentences
 
 __all__ = ["TTSConfig", "SynthesisOptions", "SynthesisStats", "EngineStats", "Synthesis", "TTSService",
@@ -86,6 +86,7 @@ class TTSConfig:
     max_num_seqs: int = 16
     max_waiting: int = 64
     max_tokens: int = 1000  # default cap on generated tokens per sentence
+    decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
 
@@ -307,7 +308,7 @@ class TTSService:
         self.sample_rate = int(codec.sample_rate)
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
-        self.decoder = DecodeWorker()
+        self.decoder = DecodePool(config.decode_threads)
 
     # -- loading
     @classmethod

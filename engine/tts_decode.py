@@ -1,39 +1,49 @@
-"""The codec thread of the TTS service: streaming decode off the event loop."""
+"""The codec threads of the TTS service: streaming decode off the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
+import weakref
 
 import numpy as np
 
 from engine.codec.base import StreamingDecoder
 
 
-class DecodeWorker:
-    """One thread that runs the codec for every live stream, so the event loop never runs model code.
+class DecodePool:
+    """Threads that run the codec for every live stream, so the event loop never runs model code.
 
     Each stream keeps its own `StreamingDecoder` (codecs such as the demo's block Griffin-Lim carry
-    per-utterance state); jobs of all streams run in arrival order, alongside the engine's own thread.
+    per-utterance state), so a decoder is pinned to one thread, which runs its jobs in order; decoders
+    are spread over the threads round-robin. One thread suits a 2-core CPU (the engine has its own).
     """
 
-    def __init__(self):
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="pcgtts-codec", daemon=True)
-        self._thread.start()
-        self.jobs_done = 0
+    def __init__(self, threads: int = 1):
+        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(max(1, threads))]
+        self._threads = [threading.Thread(target=self._run, args=(q,), name=f"pcgtts-codec-{i}", daemon=True)
+                         for i, q in enumerate(self._queues)]
+        self._next = itertools.cycle(range(len(self._queues)))
+        self._pinned: weakref.WeakKeyDictionary[StreamingDecoder, int] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        for thread in self._threads:
+            thread.start()
 
     async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> tuple[np.ndarray, float]:
         """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds taken)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put((decoder, codes, loop, future))
+        with self._lock:
+            slot = self._pinned.setdefault(decoder, next(self._next))
+        self._queues[slot].put((decoder, codes, loop, future))
         return await future
 
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+    @staticmethod
+    def _run(jobs: queue.Queue) -> None:
+        while (job := jobs.get()) is not None:
             decoder, codes, loop, future = job
             start = time.perf_counter()
             try:
@@ -41,15 +51,16 @@ class DecodeWorker:
                 result, error = (np.asarray(audio, dtype=np.float32), time.perf_counter() - start), None
             except Exception as exc:  # handed to the waiting stream
                 result, error = None, exc
-            self.jobs_done += 1
             try:
                 loop.call_soon_threadsafe(_resolve, future, result, error)
             except RuntimeError:  # the stream's event loop is gone
                 pass
 
     def close(self) -> None:
-        self._jobs.put(None)
-        self._thread.join(timeout=5)
+        for jobs in self._queues:
+            jobs.put(None)
+        for thread in self._threads:
+            thread.join(timeout=5)
 
 
 def _resolve(future: asyncio.Future, result, error) -> None:

@@ -27,7 +27,8 @@ def tts_config(settings: ServerSettings) -> TTSConfig:
         device=settings.device, acceptance=settings.acceptance,
         num_speculative_tokens=settings.num_speculative_tokens, asg_table=settings.asg_table,
         kv_budget_tokens=settings.kv_budget_tokens, max_num_seqs=settings.max_num_seqs,
-        max_waiting=settings.max_waiting, max_tokens=settings.max_tokens)
+        max_waiting=settings.max_waiting, max_tokens=settings.max_tokens,
+        decode_threads=settings.decode_threads)
 
 
 class AppState:

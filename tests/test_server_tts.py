@@ -75,3 +75,22 @@ def test_aclose_aborts_and_frees_kv(tts_service):
     first, stats = asyncio.run(run())
     assert first.size > 0 and stats.finish_reason == "abort"
     assert wait_idle(tts_service) < 2.0
+
+
+def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
+    """Streams spread over two codec threads give the same audio as on the shared one-thread service."""
+    from engine.tts import TTSConfig, TTSService
+
+    async def many(service):
+        async def one(i):
+            synth = service.synthesize(f"Stream {i} is here.", None, SynthesisOptions(seed=i))
+            return np.concatenate([c async for c in synth])
+        return await asyncio.gather(*(one(i) for i in range(3)))
+
+    two = TTSService.load(TTSConfig(model_dir=demo_bundle, decode_threads=2))
+    try:
+        spread = asyncio.run(many(two))
+    finally:
+        two.close()
+    for a, b in zip(spread, asyncio.run(many(tts_service)), strict=True):
+        assert np.array_equal(a, b)
