@@ -159,17 +159,24 @@ class AbortingStreamingResponse(StreamingResponse):
     speaks."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:  # the socket closed under us
-                    pass
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stream() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:  # the socket closed under us
+                        pass
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(stream)
-            await _disconnected(receive)
-            tg.cancel_scope.cancel()
+                tg.start_soon(stream)
+                await _disconnected(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            # However the stream ended, run the body's cleanup now (it aborts the synthesis).
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
 
 
 async def chunks_after(first: np.ndarray | None, synth: Synthesis) -> AsyncIterator[np.ndarray]:
