@@ -92,6 +92,7 @@ async def next_or_gone(synth: Synthesis, request: Request | None) -> np.ndarray 
         done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if step not in done:
             step.cancel()
+            await asyncio.wait({step})  # let the generator unwind before it is closed below
             raise ClientGone()
         return step.result()
     except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions, NothingToSay) as exc:
