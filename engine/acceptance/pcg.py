@@ -77,7 +77,6 @@ class PCGRule(AcceptanceRule):
         self.stats["rejections"] += r
         token = torch.full((r,), -1, dtype=torch.long, device=device)
         group = torch.full((r,), -1, dtype=torch.long, device=device)
-        cdf = torch.cumsum(q, dim=-1, dtype=torch.float64)  # [R, V], reused by every round
         pending = torch.arange(r, device=device)
         t = self.thinning_trials
         for _ in range(self.thinning_rounds):
@@ -86,10 +85,7 @@ class PCGRule(AcceptanceRule):
             n = pending.numel()
             self.stats["thinning_trials"] += n * t
             u = uniform((3, n, t), generator, device)
-            # y ~ q by inverse CDF; searching all R rows (settled ones get target 0) avoids copying cdf rows
-            targets = torch.zeros(r, t, dtype=torch.float64, device=device)
-            targets[pending] = u[0] * cdf[pending, -1:]
-            y = torch.searchsorted(cdf, targets, right=True)[pending].clamp_(max=q.shape[1] - 1)
+            y = sample_rows(q if n == r else q[pending], generator, u=u[0])  # [n, T], y ~ q
             k = table.draw_label(y, u[1])  # [n, T]
             rows = pending.repeat_interleave(t)
             q_c = table.group_mass(q, (rows,), k.flatten()).view(n, t)

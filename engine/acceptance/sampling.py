@@ -1,7 +1,7 @@
 """Batched categorical sampling driven only by an explicit torch.Generator.
 
-Inverse-CDF sampling: one uniform per row and one cumulative sum, so a seed reproduces the draw and a
-zero-probability token can never be returned (searchsorted(right=True) lands on a strictly rising step).
+Inverse-CDF sampling: one uniform per draw, so a seed reproduces the draw, and a zero-probability token
+can never be returned (searchsorted(right=True) lands on a strictly rising step of the cumulative sum).
 """
 
 from __future__ import annotations
@@ -14,18 +14,49 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: t
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
 
 
+BLOCK = 256  # tokens per block of the two-level inverse CDF
+
+
 def sample_rows(
     weights: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """One index per row of unnormalised nonnegative `weights` [R, V] -> Long[R].
+    """Indices drawn ∝ the unnormalised nonnegative `weights` [R, V] of each row.
 
-    Rows whose weights are all zero return index 0 (callers make sure this never matters)."""
-    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # [R, V]
+    u: uniforms Float64[R] (one draw per row, the default) or [R, T] (T independent draws per row); the
+    result is Long with u's shape. Two levels keep the cost at one summing pass over V: pick a block of
+    BLOCK tokens from the block totals, then a token inside it from that block's own cumulative sum (a
+    full [R, V] float64 cumsum is several times slower on CPU). Rows whose weights are all zero return
+    some index; callers make sure this never matters."""
+    r, v = weights.shape
     if u is None:
-        u = uniform((weights.shape[0],), generator, weights.device)
-    target = (u * cdf[:, -1]).unsqueeze(-1)  # [R, 1]
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    return idx.clamp_(max=weights.shape[-1] - 1)
+        u = uniform((r,), generator, weights.device)
+    single = u.dim() == 1
+    u = u.reshape(r, -1)  # [R, T]
+    if v <= 4 * BLOCK:  # small vocabularies: one cumulative sum is cheaper than gathering blocks per draw
+        cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # [R, V]
+        idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+        last_positive = (torch.arange(v, device=weights.device) * (weights > 0)).argmax(-1, keepdim=True)
+        idx = torch.minimum(idx, last_positive)  # u * total rounding up to the total
+        return idx.squeeze(1) if single else idx
+    full = (v // BLOCK) * BLOCK
+    sums = [weights[:, :full].reshape(r, -1, BLOCK).sum(-1, dtype=torch.float64)]  # [R, nb]
+    if full < v:
+        sums.append(weights[:, full:].sum(-1, keepdim=True, dtype=torch.float64))
+    block_cdf = torch.cumsum(torch.cat(sums, dim=1), dim=1)  # [R, nb(+1)]
+    target = u * block_cdf[:, -1:]  # [R, T]
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
+    before = torch.where(block > 0, torch.gather(block_cdf, 1, (block - 1).clamp(min=0)), 0.0)
+    # the chosen blocks' weights: [R, T, BLOCK], positions past V masked to zero
+    pos = block.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=weights.device)
+    inside = pos < v
+    w = torch.gather(weights, 1, pos.clamp(max=v - 1).flatten(1)).view(pos.shape).double() * inside
+    inner_cdf = torch.cumsum(w, dim=-1)
+    inner = torch.searchsorted(inner_cdf, (target - before).unsqueeze(-1), right=True).squeeze(-1)
+    # rounding can leave the target at or past the block's own total: take its last positive token then
+    last_positive = (torch.arange(BLOCK, device=weights.device) * (w > 0)).argmax(-1)
+    inner = torch.where(inner >= BLOCK, last_positive, torch.minimum(inner, last_positive))
+    idx = block * BLOCK + inner
+    return idx.squeeze(1) if single else idx
 
 
 def sample_segments(
