@@ -4,6 +4,8 @@ shared batches under concurrency."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 import time
 
@@ -148,3 +150,15 @@ def test_speed_scales_duration(live_server):
     for speed in (0.5, 2.0):
         changed = len(httpx.post(url, json={**body, "speed": speed}, timeout=120).content)
         assert changed / normal == pytest.approx(1 / speed, rel=0.08), speed
+
+
+def test_disconnect_before_the_first_audio_aborts_too(live_server, tts_service):
+    """A client that gives up while waiting for the first chunk (no headers sent yet) frees its request."""
+    wait_idle(tts_service)
+    body = json.dumps({"model": "tts-1", "voice": "alloy", "input": LONG_TEXT, "response_format": "pcm"})
+    request = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+    with socket.create_connection(("127.0.0.1", live_server.port)) as sock:
+        sock.sendall(request)
+        wait_running(tts_service)  # generating, no audio yet: the codec needs a full first block
+    assert wait_idle(tts_service) < 2.0
