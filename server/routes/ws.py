@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from typing import Literal
 
@@ -27,6 +28,7 @@ from server.streaming import (
 )
 
 router = APIRouter()
+log = logging.getLogger("pcgtts.server")
 
 PROTOCOL = """\
 `WS /v1/audio/speech/stream` (API key, if set: `Authorization: Bearer KEY` or `?api_key=KEY`).
@@ -173,6 +175,8 @@ class Session:
             self.current = asyncio.create_task(self._speak(uid, text, config, progress))
             await asyncio.wait({self.current})
             cancelled = self.current.cancelled()
+            if not cancelled and self.current.exception() is not None:  # e.g. the socket closed mid-send
+                log.debug("utterance %d ended: %r", uid, self.current.exception())
             self.current = None
             if cancelled:
                 await self.send_json({**progress, "type": "audio.done", "utterance_id": uid,
