@@ -39,10 +39,12 @@ def sample_rows(
         idx = torch.minimum(idx, last_positive)  # u * total rounding up to the total
         return idx.squeeze(1) if single else idx
     full = (v // BLOCK) * BLOCK
-    sums = [weights[:, :full].reshape(r, -1, BLOCK).sum(-1, dtype=torch.float64)]  # [R, nb]
+    # Block totals in the weights' own precision (sum(dtype=float64) would first copy all of V to float64);
+    # only the short cumulative sums run in float64.
+    sums = [weights[:, :full].reshape(r, -1, BLOCK).sum(-1)]  # [R, nb]
     if full < v:
-        sums.append(weights[:, full:].sum(-1, keepdim=True, dtype=torch.float64))
-    block_cdf = torch.cumsum(torch.cat(sums, dim=1), dim=1)  # [R, nb(+1)]
+        sums.append(weights[:, full:].sum(-1, keepdim=True))
+    block_cdf = torch.cumsum(torch.cat(sums, dim=1).double(), dim=1)  # [R, nb(+1)]
     target = u * block_cdf[:, -1:]  # [R, T]
     block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
     before = torch.where(block > 0, torch.gather(block_cdf, 1, (block - 1).clamp(min=0)), 0.0)
