@@ -38,12 +38,16 @@ def count_accepted(accept: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(accept.long(), dim=1).sum(dim=1)
 
 
-def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """probs[b, position[b], :] as float32 -> [B, V]."""
-    batch = torch.arange(probs.shape[0], device=probs.device)
+def select_rows(probs: torch.Tensor, batch: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """probs[batch[r], position[r], :] as float32 -> [R, V]."""
     if probs.is_contiguous():  # whole-row copies (index_select) are far faster than element-wise indexing
         return probs.flatten(0, 1).index_select(0, batch * probs.shape[1] + position).float()
     return probs[batch, position].float()
+
+
+def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """probs[b, position[b], :] as float32 -> [B, V]."""
+    return select_rows(probs, torch.arange(probs.shape[0], device=probs.device), position)
 
 
 def draft_rows_or_zero(draft_probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:

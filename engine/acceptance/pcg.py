@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from asg_tables.table import ASGTable
-from engine.acceptance.base import AcceptanceRule, assemble, check_shapes, count_accepted
+from engine.acceptance.base import AcceptanceRule, assemble, check_shapes, count_accepted, select_rows
 from engine.acceptance.sampling import sample_rows, sample_segments, uniform
 from engine.acceptance.verdict import Verdict
 
@@ -58,13 +58,18 @@ class PCGRule(AcceptanceRule):
         # 4. bonus rows: plain target sample at position γ
         bonus = torch.nonzero(num_accepted == g).flatten()
         if bonus.numel():
-            last_token[bonus] = sample_rows(target_probs[bonus, g].float(), generator)
+            last_token[bonus] = sample_rows(
+                select_rows(target_probs, bonus, torch.full_like(bonus, g)), generator
+            )
         # 3. rejected rows: group residual at position num_accepted
         rejected = torch.nonzero(num_accepted < g).flatten()
         if rejected.numel():
             pos = num_accepted[rejected]
             tokens, groups = self._sample_group_residual(
-                table, draft_probs[rejected, pos].float(), target_probs[rejected, pos].float(), generator
+                table,
+                select_rows(draft_probs, rejected, pos),
+                select_rows(target_probs, rejected, pos),
+                generator,
             )
             last_token[rejected], last_group[rejected] = tokens, groups
         return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
