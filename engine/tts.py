@@ -127,6 +127,13 @@ class SynthesisStats:
     def audio_seconds(self) -> float:
         return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
 
+    def playback_deadline(self) -> float:
+        """perf_counter time at which a listener who started at the first chunk runs out of audio;
+        0 (before everything else) while the listener has no audio at all."""
+        if self.first_audio_s is None:
+            return 0.0
+        return self.started_at + self.first_audio_s + self.audio_seconds
+
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
@@ -456,8 +463,8 @@ class TTSService:
 
     async def decode(self, decoder: StreamingDecoder, codes: np.ndarray | None, stats: SynthesisStats
                      ) -> np.ndarray:
-        """Codes -> final audio via the decode thread (codes None flushes the utterance's decoder)."""
-        audio, took = await self.decoder.push(decoder, codes)
+        """Codes -> final audio via the decode threads (codes None flushes the utterance's decoder)."""
+        audio, took = await self.decoder.push(decoder, codes, stats.playback_deadline())
         stats.decode_s += took
         return audio
 

@@ -18,12 +18,18 @@ class DecodePool:
     """Threads that run the codec for every live stream, so the event loop never runs model code.
 
     Each stream keeps its own `StreamingDecoder` (codecs such as the demo's block Griffin-Lim carry
-    per-utterance state), so a decoder is pinned to one thread, which runs its jobs in order; decoders
-    are spread over the threads round-robin. One thread suits a 2-core CPU (the engine has its own).
+    per-utterance state), so a decoder is pinned to one thread; decoders are spread over the threads
+    round-robin. One thread suits a 2-core CPU (the engine has its own).
+
+    Jobs run earliest deadline first: a stream's deadline is when its listener would run out of audio,
+    and streams with no audio yet come before all others, so first chunks overtake streams that have
+    audio buffered (time to first audio under concurrency). A stream has at most one job pending (it
+    awaits each), so its own jobs still run in order.
     """
 
     def __init__(self, threads: int = 1):
-        self._queues: list[queue.Queue] = [queue.Queue() for _ in range(max(1, threads))]
+        self._queues: list[queue.PriorityQueue] = [queue.PriorityQueue() for _ in range(max(1, threads))]
+        self._order = itertools.count()  # ties (equal deadlines) go first come, first served
         self._threads = [threading.Thread(target=self._run, args=(q,), name=f"pcgtts-codec-{i}", daemon=True)
                          for i, q in enumerate(self._queues)]
         self._next = itertools.cycle(range(len(self._queues)))
@@ -32,18 +38,20 @@ class DecodePool:
         for thread in self._threads:
             thread.start()
 
-    async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> tuple[np.ndarray, float]:
-        """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds taken)."""
+    async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None,
+                   deadline: float = 0.0) -> tuple[np.ndarray, float]:
+        """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds taken).
+        deadline: time.perf_counter() value by which the stream needs more audio."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
             slot = self._pinned.setdefault(decoder, next(self._next))
-        self._queues[slot].put((decoder, codes, loop, future))
+        self._queues[slot].put((deadline, next(self._order), (decoder, codes, loop, future)))
         return await future
 
     @staticmethod
-    def _run(jobs: queue.Queue) -> None:
-        while (job := jobs.get()) is not None:
+    def _run(jobs: queue.PriorityQueue) -> None:
+        while (job := jobs.get()[2]) is not None:
             decoder, codes, loop, future = job
             start = time.perf_counter()
             try:
@@ -58,7 +66,7 @@ class DecodePool:
 
     def close(self) -> None:
         for jobs in self._queues:
-            jobs.put(None)
+            jobs.put((float("inf"), next(self._order), None))
         for thread in self._threads:
             thread.join(timeout=5)
 
