@@ -94,3 +94,30 @@ def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
         two.close()
     for a, b in zip(spread, asyncio.run(many(tts_service)), strict=True):
         assert np.array_equal(a, b)
+
+
+def test_decode_pool_runs_earliest_deadline_first(tts_service):
+    """With the codec thread busy, a queued first chunk (deadline 0) overtakes a stream ahead of playback."""
+    from engine.tts_decode import DecodePool
+
+    codec = tts_service.codec
+    rng = np.random.default_rng(0)
+    long_codes = rng.integers(0, codec.codebook_size, size=500)  # 10 s of audio keeps the thread busy
+    codes = rng.integers(0, codec.codebook_size, size=60)
+    finished: list[str] = []
+
+    async def job(pool, name, deadline):
+        await pool.push(codec.streaming_decoder(), long_codes if name == "busy" else codes, deadline)
+        finished.append(name)
+
+    async def run():
+        pool = DecodePool(threads=1)
+        try:
+            busy = asyncio.create_task(job(pool, "busy", 0.0))
+            await asyncio.sleep(0.05)  # the thread has taken "busy"; the next two wait in its queue
+            await asyncio.gather(job(pool, "ahead-of-playback", 1e9), job(pool, "first-chunk", 0.0), busy)
+        finally:
+            pool.close()
+
+    asyncio.run(run())
+    assert finished == ["busy", "first-chunk", "ahead-of-playback"]
