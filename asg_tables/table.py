@@ -170,7 +170,11 @@ class ASGTable:
 
         probs: [..., V]; rows: one Long[R] index per leading dimension; groups: Long[R]. Costs O(Σ|G_k|)."""
         seg, members = gather_segments(self._g_indptr, self._g_members, groups)
-        vals = probs[tuple(r[seg] for r in rows) + (members,)].double() * self.inv_owners[members]
+        # one flat gather (torch.take); advanced indexing with several index tensors is several times slower
+        row = torch.zeros_like(groups)
+        for dim, r in enumerate(rows):
+            row = row * probs.shape[dim] + r
+        vals = torch.take(probs, row[seg] * self.vocab_size + members).double() * self.inv_owners[members]
         return torch.zeros(groups.shape[0], dtype=torch.float64, device=groups.device).index_add_(
             0, seg, vals
         )

@@ -27,6 +27,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -297,6 +298,15 @@ def main(argv: list[str] | None = None) -> int:
         }
         for n, t in tables.items()
     }
+    with tempfile.TemporaryDirectory() as tmp:  # storage size and load time of the Llasa-vocabulary table
+        path = Path(tmp) / "asg.safetensors"
+        t140_full.save(path)
+        load_ms, _ = median_ms(lambda: ASGTable.load(path), 5, warmup=1)
+        table_info["k140_llasa_vocab"] = {
+            "file_mib": round(path.stat().st_size / 2**20, 2),
+            "load_ms": round(load_ms, 1),
+            "groups": t140_full.num_groups,
+        }
     print(json.dumps(table_info), flush=True)
     batches = [1, 16, 64]
     rules = {

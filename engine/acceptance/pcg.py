@@ -25,7 +25,7 @@ from engine.acceptance.verdict import Verdict
 class PCGRule(AcceptanceRule):
     name = "pcg"
 
-    def __init__(self, table: ASGTable | str, thinning_trials: int = 8, thinning_rounds: int = 4):
+    def __init__(self, table: ASGTable | str, thinning_trials: int = 4, thinning_rounds: int = 8):
         self.table = ASGTable.load(table) if isinstance(table, str) else table
         self.thinning_trials = int(thinning_trials)
         self.thinning_rounds = int(thinning_rounds)
