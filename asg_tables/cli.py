@@ -19,7 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     asg = subparsers.add_parser("asg", help="build and inspect Acoustic Similarity Group tables")
     sub = asg.add_subparsers(dest="asg_command", required=True)
 
-    build = sub.add_parser("build", help="build a table from a Hugging Face checkpoint's embeddings")
+    build = sub.add_parser(
+        "build",
+        help="build a table from a Hugging Face checkpoint's embeddings",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     build.add_argument("--model", required=True, type=Path, help="checkpoint directory (safetensors)")
     build.add_argument(
         "--theta",
