@@ -51,7 +51,7 @@ def stage_prepare(cfg: RecipeConfig) -> None:
     if (cfg.run_dir / "data.pt").exists():
         print("[prepare] data.pt exists, kept")
         return
-    prepare(cfg.run_dir, cfg.codebook_size, seed=cfg.seed)
+    prepare(cfg.run_dir, cfg.codebook_size, seed=cfg.seed, init_from=cfg.init_from)
 
 
 def stage_train(cfg: RecipeConfig) -> None:

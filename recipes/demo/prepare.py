@@ -47,14 +47,20 @@ def render_held_out(codec: DemoMelCodec, vocab: DemoVocab, count: int, seed: int
     return utts
 
 
-def prepare(run_dir: Path, codebook_size: int = 1024, kmeans_frames: int = 400_000, seed: int = 0) -> None:
+def prepare(run_dir: Path, codebook_size: int = 1024, kmeans_frames: int = 400_000, seed: int = 0,
+            init_from: Path | None = None) -> None:
+    """init_from: a bundle whose codebook and vocabulary are kept (continued training needs the same
+    tokens); otherwise both are made from the corpus."""
     start = time.time()
     corpus = load_corpus(run_dir / "corpus")
     print(f"[prepare] {len(corpus['mel'])} utterances loaded {time.time() - start:.0f}s", flush=True)
-    vocab = build_vocab(corpus["phonemes"], codebook_size)
-    frames = sample_frames(corpus["mel"], kmeans_frames, seed)
-    codebook = fit_kmeans(frames, codebook_size, seed=seed)
-    codec = DemoMelCodec(codebook)
+    if init_from is not None:
+        vocab = DemoVocab.load(init_from / "family.json")
+        codec = DemoMelCodec(DemoMelCodec.from_dir(init_from / "codec").codebook)
+    else:
+        vocab = build_vocab(corpus["phonemes"], codebook_size)
+        frames = sample_frames(corpus["mel"], kmeans_frames, seed)
+        codec = DemoMelCodec(fit_kmeans(frames, codebook_size, seed=seed))
     codec.save(run_dir / "codec")
     floor = float(np.log(LOG_FLOOR))  # the corpus stores log-mel with a lower floor
     codes = [codec.quantize(torch.from_numpy(m.astype(np.float32)).clamp(min=floor)) for m in corpus["mel"]]
