@@ -118,6 +118,14 @@ class SpeculativeDecoder:
             s.draft.roll_back(self.draft.blocks, s.length + k)
         return StepResult(tokens=emitted, num_accepted=num_accepted, gamma=g)
 
+    @staticmethod
+    def _verify_generator(generator: torch.Generator) -> torch.Generator:
+        """A fresh generator seeded by one draw of `generator`: each rule consumes randomness in its own
+        way, and this keeps that from shifting the draft's later draws (seeded outputs then depend on
+        the rule only through its verdicts; PCG with singleton groups replays `exact` exactly)."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        return torch.Generator(device=generator.device).manual_seed(seed)
+
     def _verify(self, seqs, sampler, drafts, draft_probs, target_probs):
         """Run each row's acceptance rule with the row's generator; rows sharing both share one call."""
         rules: dict[int, AcceptanceRule] = {}
@@ -128,13 +136,14 @@ class SpeculativeDecoder:
             groups.setdefault((id(rule), id(gen)), []).append(i)
         if len(groups) == 1:
             (rule_id, _), = groups
-            v = rules[rule_id].verify(drafts, draft_probs, target_probs, sampler.generators[0])
+            v = rules[rule_id].verify(drafts, draft_probs, target_probs,
+                                      self._verify_generator(sampler.generators[0]))
             return v.tokens, v.num_accepted
         tokens = torch.empty(len(seqs), self.gamma + 1, dtype=torch.long, device=self.device)
         accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
         for (rule_id, _), rows in groups.items():
             idx = torch.tensor(rows, device=self.device)
             v = rules[rule_id].verify(drafts[idx], draft_probs[idx], target_probs[idx],
-                                      sampler.generators[rows[0]])
+                                      self._verify_generator(sampler.generators[rows[0]]))
             tokens[idx], accepted[idx] = v.tokens, v.num_accepted
         return tokens, accepted

@@ -52,7 +52,10 @@ def joint_closed_form(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torc
 
 
 @pytest.mark.parametrize(
-    "params", [{}, {"thinning_trials": 1, "thinning_rounds": 1}], ids=["thinning", "mostly-fallback"]
+    "params",
+    [{"residual": "thinning"}, {"residual": "thinning", "thinning_trials": 1, "thinning_rounds": 1},
+     {"residual": "enumerate"}],
+    ids=["thinning", "mostly-fallback", "enumerate"],
 )
 def test_first_label_and_joint_follow_closed_forms(params):
     table = ASGTable.from_groups(GROUPS, V)
@@ -67,9 +70,9 @@ def test_first_label_and_joint_follow_closed_forms(params):
     joint = joint_closed_form(w, p, q)
     assert torch.allclose(joint.sum(), torch.tensor(1.0, dtype=torch.float64))
     assert chi2_pvalue(label * V + token, joint.flatten()) > ALPHA
-    if params:
+    if "thinning_rounds" in params:
         assert rule.stats["fallback_rows"] > 1000  # the exact fallback really ran
-    else:
+    elif params["residual"] == "thinning":
         assert rule.stats["fallback_rows"] < rule.stats["rejections"] // 100
 
 
@@ -77,7 +80,7 @@ def test_thinning_alone_is_exact():
     table = ASGTable.from_groups(GROUPS, V)
     w = weights(table_groups(table), V)
     p, q = random_dist(V, 13), random_dist(V, 14)
-    rule, verdict = run_pcg(table, p, q, seed=200, thinning_rounds=60)
+    rule, verdict = run_pcg(table, p, q, seed=200, residual="thinning", thinning_rounds=60)
     assert rule.stats["fallback_rows"] == 0
     # Among rejected first positions the label follows R_c ∝ [Q_c - P_c]_+.
     rejected = verdict.num_accepted == 0
@@ -107,6 +110,23 @@ def test_singleton_groups_reduce_to_exact():
     assert abs(z_score(verdict.num_emitted, (1 - alpha ** (GAMMA + 1)) / (1 - alpha))) < Z_MAX
     labelled = verdict.groups >= 0
     assert torch.equal(verdict.groups[labelled], verdict.tokens[labelled])  # group k = {k}
+
+
+@pytest.mark.parametrize("vocab", [V, 1500])  # 1,500 > 4 blocks: the two-level sampler's path too
+def test_singleton_groups_replay_exact_draw_for_draw(vocab):
+    """With group k = {k}, enumerated PCG consumes the generator as `exact` does: identical verdicts."""
+    table = ASGTable.from_groups([], vocab)
+    p, q = random_dist(vocab, 21), random_dist(vocab, 22)
+    rows = 4000
+    draft_probs, target_probs = batch_of(p, rows, GAMMA), batch_of(q, rows, GAMMA + 1)
+    drafts = sample_drafts(draft_probs, 600)
+    pcg = make_rule("pcg", table=table, residual="enumerate")
+    exact = make_rule("exact")
+    got = pcg.verify(drafts, draft_probs, target_probs, torch.Generator().manual_seed(7))
+    want = exact.verify(drafts, draft_probs, target_probs, torch.Generator().manual_seed(7))
+    assert 0 < int((got.num_accepted < GAMMA).sum()) < rows  # both branches ran
+    assert torch.equal(got.num_accepted, want.num_accepted)
+    assert torch.equal(got.tokens, want.tokens)
 
 
 def test_labels_hold_their_tokens_and_bonus_is_unlabelled():

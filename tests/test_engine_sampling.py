@@ -150,6 +150,26 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
     assert sorted(engine._rules) == ["exact", "pcg"]
 
 
+def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
+    """Sampled (T > 0): with group k = {k}, PCG replays exact's random draws, so seeded outputs match."""
+    from asg_tables import ASGTable
+
+    ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+    prompts = [[t % V for t in range(s, s + 3 + s % 5)] for s in range(8)]
+    params = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=100 + i, constraint=MergeOnto())
+              for i in range(len(prompts))]
+    outs, drafted = {}, {}
+    for rule in ("exact", "pcg"):
+        engine = Engine(engine_config(models[0], draft=models[1], acceptance=rule,
+                                     asg_table=tmp_path / "singletons.asg", num_speculative_tokens=3))
+        gens = engine.generate(prompts, params)
+        outs[rule] = [g.token_ids for g in gens]
+        drafted[rule] = [(g.num_drafted, g.num_accepted) for g in gens]
+    assert outs["pcg"] == outs["exact"]
+    assert drafted["pcg"] == drafted["exact"]
+    assert 0 < sum(a for _, a in drafted["exact"]) < sum(d for d, _ in drafted["exact"])  # both branches
+
+
 def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
     engine = Engine(engine_config(models[0], draft=models[1], num_speculative_tokens=3, seed=1))
     params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)

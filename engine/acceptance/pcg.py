@@ -17,7 +17,15 @@ from __future__ import annotations
 import torch
 
 from asg_tables.table import ASGTable
-from engine.acceptance.base import AcceptanceRule, assemble, check_shapes, count_accepted, select_rows
+from engine.acceptance.base import (
+    AcceptanceRule,
+    assemble,
+    check_shapes,
+    count_accepted,
+    draft_rows_or_zero,
+    rows_at,
+    select_rows,
+)
 from engine.acceptance.sampling import sample_rows, sample_segments, uniform
 from engine.acceptance.verdict import Verdict
 
@@ -25,10 +33,21 @@ from engine.acceptance.verdict import Verdict
 class PCGRule(AcceptanceRule):
     name = "pcg"
 
-    def __init__(self, table: ASGTable | str, thinning_trials: int = 4, thinning_rounds: int = 8):
+    def __init__(self, table: ASGTable | str, thinning_trials: int = 4, thinning_rounds: int = 8,
+                 residual: str = "auto", enumerate_max_nnz: int = 1 << 20):
+        """residual: how a rejected (or bonus) position's token is drawn, both exact in distribution:
+        "thinning" (the paper's: O(|G|) per trial, for large tables), "enumerate" (Q_c, P_c over all groups
+        with `coarse`: O(nnz) per row, cheap for small tables; with an all-singleton table whose group k is
+        token k it consumes the generator exactly as `exact` does, so the two give identical tokens), or
+        "auto" (enumerate when the table has at most `enumerate_max_nnz` memberships)."""
         self.table = ASGTable.load(table) if isinstance(table, str) else table
         self.thinning_trials = int(thinning_trials)
         self.thinning_rounds = int(thinning_rounds)
+        if residual not in ("auto", "thinning", "enumerate"):
+            raise ValueError(f"residual must be auto, thinning or enumerate, not {residual!r}")
+        if residual == "auto":
+            residual = "enumerate" if self.table.group_members.numel() <= enumerate_max_nnz else "thinning"
+        self.residual = residual
         # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
         self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
 
@@ -44,14 +63,22 @@ class PCGRule(AcceptanceRule):
             raise ValueError(f"probs over {draft_probs.shape[-1]} tokens, ASG table over {table.vocab_size}")
         b, g = draft_tokens.shape
         device = draft_probs.device
+        # Random draws in the token-level rules' order (acceptance uniforms, then one emission uniform per
+        # row), then the group-only draws, so that with singleton groups PCG replays `exact` draw for draw.
+        u_accept = uniform((b, g), generator, device)
+        u_emit = uniform((b,), generator, device)
+        u_label = uniform((b, g), generator, device)
         # 1-2. group labels and the coarse acceptance test, for all B·γ positions at once
-        u = uniform((2, b, g), generator, device)
-        labels = table.draw_label(draft_tokens, u[0])  # [B, γ]
+        labels = table.draw_label(draft_tokens, u_label)  # [B, γ]
         bi = torch.arange(b, device=device).repeat_interleave(g)
         pi = torch.arange(g, device=device).repeat(b)
         p_c = table.group_mass(draft_probs, (bi, pi), labels.flatten()).view(b, g)
         q_c = table.group_mass(target_probs, (bi, pi), labels.flatten()).view(b, g)
-        num_accepted = count_accepted(u[1] * p_c < q_c)  # u < Q_c/P_c
+        num_accepted = count_accepted(u_accept * p_c < q_c)  # u < Q_c/P_c
+        if self.residual == "enumerate":
+            last_token, last_group = self._enumerated_emission(
+                table, draft_probs, target_probs, num_accepted, u_emit, generator)
+            return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
 
         last_token = torch.empty(b, dtype=torch.long, device=device)
         last_group = torch.full((b,), -1, dtype=torch.long, device=device)
@@ -59,7 +86,7 @@ class PCGRule(AcceptanceRule):
         bonus = torch.nonzero(num_accepted == g).flatten()
         if bonus.numel():
             last_token[bonus] = sample_rows(
-                select_rows(target_probs, bonus, torch.full_like(bonus, g)), generator
+                select_rows(target_probs, bonus, torch.full_like(bonus, g)), generator, u=u_emit[bonus]
             )
         # 3. rejected rows: group residual at position num_accepted
         rejected = torch.nonzero(num_accepted < g).flatten()
@@ -73,6 +100,17 @@ class PCGRule(AcceptanceRule):
             )
             last_token[rejected], last_group[rejected] = tokens, groups
         return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+
+    def _enumerated_emission(self, table, draft_probs, target_probs, num_accepted, u_emit, generator):
+        """(token, group) for every row at its emission position, by enumeration. A bonus row (all γ
+        accepted) has no draft there (P_c = 0): its group is drawn from Q_c and its token from the
+        q-conditional, which is a plain draw from q; its label is reported as -1 (not a verified group)."""
+        g = draft_probs.shape[1]
+        q = rows_at(target_probs, num_accepted)  # [B, V] float32
+        p = draft_rows_or_zero(draft_probs, num_accepted)  # [B, V], zero on bonus rows
+        self.stats["rejections"] += int((num_accepted < g).sum())
+        token, group = self._exact_group_residual(table, p, q, generator, u=u_emit, dtype=q.dtype)
+        return token, torch.where(num_accepted < g, group, -1)
 
     def _sample_group_residual(
         self, table: ASGTable, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
@@ -111,15 +149,17 @@ class PCGRule(AcceptanceRule):
 
     @staticmethod
     def _exact_group_residual(
-        table: ASGTable, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+        table: ASGTable, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None,
+        u: torch.Tensor | None = None, dtype: torch.dtype = torch.float64,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same draw by enumeration: O(nnz) per row, used only for rows thinning left unresolved."""
-        q_c, p_c = table.coarse(q.double()), table.coarse(p.double())  # [F, M]
+        """The same draw by enumeration: O(nnz) per row. u: the group draw's uniforms Float64[F] (drawn
+        from `generator` when None); dtype: precision of Q_c, P_c (the fallback keeps float64)."""
+        q_c, p_c = table.coarse(q.to(dtype)), table.coarse(p.to(dtype))  # [F, M]
         residual = (q_c - p_c).clamp_(min=0.0)
         # A zero residual means P_c == Q_c up to rounding, where rejection has probability ~0; drawing the
         # label from Q_c keeps the draw defined.
         residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, q_c)
-        group = sample_rows(residual, generator)  # [F]
+        group = sample_rows(residual, generator, u=u)  # [F]
         seg, members = table.segments(group)
         weights = q[seg, members].double() * table.inv_owners[members]
         counts = torch.bincount(seg, minlength=group.shape[0])
