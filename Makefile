@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 # Debian packages the browser and Prometheus tests use (CI installs them; needs root or sudo).
 system-deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-	$$SUDO apt-get update -qq && $$SUDO DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null
+	$$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium prometheus >/dev/null
 
 serve: install
 	$(VENV)/bin/pcgtts serve
