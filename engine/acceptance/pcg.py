@@ -34,19 +34,22 @@ class PCGRule(AcceptanceRule):
     name = "pcg"
 
     def __init__(self, table: ASGTable | str, thinning_trials: int = 4, thinning_rounds: int = 8,
-                 residual: str = "auto", enumerate_max_nnz: int = 1 << 20):
+                 residual: str = "auto", enumerate_max_nnz: int = 1 << 16):
         """residual: how a rejected (or bonus) position's token is drawn, both exact in distribution:
         "thinning" (the paper's: O(|G|) per trial, for large tables), "enumerate" (Q_c, P_c over all groups
         with `coarse`: O(nnz) per row, cheap for small tables; with an all-singleton table whose group k is
         token k it consumes the generator exactly as `exact` does, so the two give identical tokens), or
-        "auto" (enumerate when the table has at most `enumerate_max_nnz` memberships)."""
+        "auto" (enumerate when the table has at most max(`enumerate_max_nnz`, 2·vocab_size) memberships:
+        then enumeration costs about what the token-level rules' O(V) residual does, while for Llasa-size
+        tables with real groups it is 5-10x slower than thinning; see bench/verify_speed.py)."""
         self.table = ASGTable.load(table) if isinstance(table, str) else table
         self.thinning_trials = int(thinning_trials)
         self.thinning_rounds = int(thinning_rounds)
         if residual not in ("auto", "thinning", "enumerate"):
             raise ValueError(f"residual must be auto, thinning or enumerate, not {residual!r}")
         if residual == "auto":
-            residual = "enumerate" if self.table.group_members.numel() <= enumerate_max_nnz else "thinning"
+            small = self.table.group_members.numel() <= max(enumerate_max_nnz, 2 * self.table.vocab_size)
+            residual = "enumerate" if small else "thinning"
         self.residual = residual
         # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
         self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
