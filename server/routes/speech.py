@@ -73,19 +73,26 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
                                      media_type=content_type(body.response_format), headers=_STREAM_HEADERS)
 
 
+async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun):
+    """The requested format's bytes as chunks are produced, then the encoder's tail; meters what is sent."""
+    async with aclosing(chunks_after(first, synth)) as chunks:
+        async for chunk in chunks:
+            before = pipeline.audio_seconds
+            data = pipeline.process(chunk)
+            if data:
+                run.sent_audio(pipeline.audio_seconds - before)
+                yield data
+    if tail := pipeline.finish():
+        run.sent_audio(0.0)
+        yield tail
+
+
 async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
     status = "aborted"
     try:
-        async with aclosing(chunks_after(first, synth)) as chunks:
-            async for chunk in chunks:
-                before = pipeline.audio_seconds
-                data = pipeline.process(chunk)
-                if data:
-                    run.sent_audio(pipeline.audio_seconds - before)
-                    yield data
-        data = pipeline.finish()
-        run.sent_audio(0.0)
-        yield data
+        async with aclosing(_encoded_audio(synth, first, pipeline, run)) as encoded:
+            async for data in encoded:
+                yield data
         status = "ok"
     except Exception:
         status = "error"
@@ -98,15 +105,9 @@ async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
 async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
     status = "aborted"
     try:
-        async with aclosing(chunks_after(first, synth)) as chunks:
-            async for chunk in chunks:
-                before = pipeline.audio_seconds
-                data = pipeline.process(chunk)
-                if data:
-                    run.sent_audio(pipeline.audio_seconds - before)
-                    yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-        if data := pipeline.finish():
-            yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        async with aclosing(_encoded_audio(synth, first, pipeline, run)) as encoded:
+            async for data in encoded:
+                yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         yield sse_event({"type": "speech.audio.done", "usage": usage_of(synth)})
         status = "ok"
     except Exception as exc:  # headers are gone: report in-band, like vLLM-Omni's terminal error event
