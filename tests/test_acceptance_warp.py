@@ -19,8 +19,9 @@ def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float)
     return torch.softmax(scores, dim=-1)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 50, 1.0),
-                                                      (0.7, 0, 0.9), (1.3, 20, 0.5)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 50, 1.0), (0.7, 0, 0.9), (1.3, 20, 0.5)]
+)
 def test_matches_hugging_face_warpers(temperature, top_k, top_p):
     logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0)) * 3
     ours = logits_to_probs(logits, temperature, top_k, top_p)
