@@ -33,6 +33,7 @@ import soundfile as sf
 
 from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from engine.codec.base import Codec, StreamingDecoder
+from engine.metrics import EngineMetrics
 from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
 from engine.tts_decode import DecodePool
 from engine.tts_text import split_sentences
@@ -139,20 +140,9 @@ class SynthesisStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
 
-@dataclass
-class EngineStats:
-    """A snapshot of the engine's state and counters (the server exports it as Prometheus metrics)."""
-
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    spec_num_drafts: int = 0
-    spec_drafted_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    spec_accepted_per_position: list[int] = field(default_factory=list)
-    preemptions: int = 0
+# The engine's own snapshot (gauges and cumulative counters), re-exported so the server imports only this
+# module; `engine_stats()` returns it as published after the engine thread's latest step.
+EngineStats = EngineMetrics
 
 
 # ------------------------------------------------------------------------------------------- synthesis
@@ -470,17 +460,7 @@ class TTSService:
 
     # -- monitoring and shutdown
     def engine_stats(self) -> EngineStats:
-        raw = self.engine.metrics()
-        get = raw.get if isinstance(raw, dict) else (lambda k, d=None: getattr(raw, k, d))
-        return EngineStats(
-            num_running=int(get("num_running", 0)), num_waiting=int(get("num_waiting", 0)),
-            kv_usage=float(get("kv_usage", 0.0)), prompt_tokens=int(get("prompt_tokens", 0)),
-            generation_tokens=int(get("generation_tokens", 0)),
-            spec_num_drafts=int(get("spec_num_drafts", 0)),
-            spec_drafted_tokens=int(get("spec_drafted_tokens", 0)),
-            spec_accepted_tokens=int(get("spec_accepted_tokens", 0)),
-            spec_accepted_per_position=[int(v) for v in get("spec_accepted_per_position", []) or []],
-            preemptions=int(get("preemptions", 0)))
+        return self.engine.metrics()
 
     def close(self) -> None:
         self.decoder.close()
