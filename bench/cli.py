@@ -1,4 +1,4 @@
-"""`pcgtts bench acceptance|engine|load|verify`: each benchmark module provides `add_arguments(parser)`
+"""`pcgtts bench acceptance|codec|engine|load|verify`: each benchmark module provides `add_arguments(parser)`
 and `main(args)`, or a `main(argv)` with a parser of its own."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import importlib
 
 BENCHMARKS = {
     "acceptance": ("bench.acceptance_sweep", "acceptance rules side by side: speed and quality"),
+    "codec": ("bench.codec_bench", "streaming codec: batched vs one-by-one decode, first audio block"),
     "engine": ("bench.engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
     "load": ("bench.load_test", "server load test: time to first audio, real-time factor"),
     "verify": ("bench.verify_speed", "verify() cost vs a target forward; ASG build time and memory"),

@@ -305,7 +305,7 @@ class TTSService:
         self.sample_rate = int(codec.sample_rate)
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
-        self.decoder = DecodePool(config.decode_threads)
+        self.decoder = DecodePool(codec, config.decode_threads)
 
     # -- loading
     @classmethod

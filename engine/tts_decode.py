@@ -1,4 +1,4 @@
-"""The codec threads of the TTS service: streaming decode off the event loop."""
+"""The codec threads of the TTS service: streaming decode off the event loop, batched across streams."""
 
 from __future__ import annotations
 
@@ -8,26 +8,31 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 
 import numpy as np
 
-from engine.codec.base import StreamingDecoder
+from engine.codec.base import Codec, StreamingDecoder
 
 
 class DecodePool:
     """Threads that run the codec for every live stream, so the event loop never runs model code.
 
-    Each stream keeps its own `StreamingDecoder` (codecs such as the demo's block Griffin-Lim carry
-    per-utterance state), so a decoder is pinned to one thread; decoders are spread over the threads
-    round-robin. One thread suits a 2-core CPU (the engine has its own).
+    Each thread takes every job waiting in its queue (up to `max_batch`) and runs them as one
+    `Codec.decode_streams` call, so concurrent streams share batched codec passes. Each stream keeps its
+    own `StreamingDecoder` (codecs such as the demo's block Griffin-Lim carry per-utterance state), so a
+    decoder is pinned to one thread; decoders are spread over the threads round-robin. One thread suits a
+    2-core CPU (the engine has its own).
 
-    Jobs run earliest deadline first: a stream's deadline is when its listener would run out of audio,
-    and streams with no audio yet come before all others, so first chunks overtake streams that have
-    audio buffered (time to first audio under concurrency). A stream has at most one job pending (it
-    awaits each), so its own jobs still run in order.
+    Jobs are taken earliest deadline first: a stream's deadline is when its listener would run out of
+    audio, and streams with no audio yet come before all others, so first chunks overtake streams that
+    have audio buffered (time to first audio under concurrency). A stream has at most one job pending (it
+    awaits each), so its own jobs still run in order and a batch holds each stream at most once.
     """
 
-    def __init__(self, threads: int = 1):
+    def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16):
+        self.codec = codec
+        self.max_batch = max(1, max_batch)
         self._queues: list[queue.PriorityQueue] = [queue.PriorityQueue() for _ in range(max(1, threads))]
         self._order = itertools.count()  # ties (equal deadlines) go first come, first served
         self._threads = [threading.Thread(target=self._run, args=(q,), name=f"pcgtts-codec-{i}", daemon=True)
@@ -35,13 +40,15 @@ class DecodePool:
         self._next = itertools.cycle(range(len(self._queues)))
         self._pinned: weakref.WeakKeyDictionary[StreamingDecoder, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self.batch_sizes: deque[int] = deque(maxlen=1000)  # streams per codec call, latest last
         for thread in self._threads:
             thread.start()
 
     async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None,
                    deadline: float = 0.0) -> tuple[np.ndarray, float]:
-        """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds taken).
-        deadline: time.perf_counter() value by which the stream needs more audio."""
+        """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds of codec time
+        charged to it: its batch's time split evenly). deadline: time.perf_counter() value by which the
+        stream needs more audio."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
@@ -49,20 +56,41 @@ class DecodePool:
         self._queues[slot].put((deadline, next(self._order), (decoder, codes, loop, future)))
         return await future
 
-    @staticmethod
-    def _run(jobs: queue.PriorityQueue) -> None:
-        while (job := jobs.get()[2]) is not None:
-            decoder, codes, loop, future = job
+    def _take(self, jobs: queue.PriorityQueue) -> tuple[list[tuple], bool]:
+        """Blocks for one job, then takes those already waiting -> (batch, whether to stop after it)."""
+        batch, stop = [], False
+        job = jobs.get()[2]
+        while job is not None:
+            batch.append(job)
+            if len(batch) == self.max_batch:
+                break
+            try:
+                job = jobs.get_nowait()[2]
+            except queue.Empty:
+                break
+        else:
+            stop = True
+        return batch, stop
+
+    def _run(self, jobs: queue.PriorityQueue) -> None:
+        stop = False
+        while not stop:
+            batch, stop = self._take(jobs)
+            if not batch:
+                continue
             start = time.perf_counter()
             try:
-                audio = decoder.flush() if codes is None else decoder.push(codes)
-                result, error = (np.asarray(audio, dtype=np.float32), time.perf_counter() - start), None
-            except Exception as exc:  # handed to the waiting stream
-                result, error = None, exc
-            try:
-                loop.call_soon_threadsafe(_resolve, future, result, error)
-            except RuntimeError:  # the stream's event loop is gone
-                pass
+                audio = self.codec.decode_streams([(decoder, codes) for decoder, codes, _, _ in batch])
+                share = (time.perf_counter() - start) / len(batch)
+                results = [((np.asarray(a, dtype=np.float32), share), None) for a in audio]
+            except Exception as exc:  # handed to every stream of the batch (their decoders' state is unknown)
+                results = [(None, exc)] * len(batch)
+            self.batch_sizes.append(len(batch))
+            for (_, _, loop, future), (result, error) in zip(batch, results, strict=True):
+                try:
+                    loop.call_soon_threadsafe(_resolve, future, result, error)
+                except RuntimeError:  # the stream's event loop is gone
+                    pass
 
     def close(self) -> None:
         for jobs in self._queues:

@@ -89,12 +89,49 @@ def test_streaming_equals_whole_decode(small_codec, whole, chunk):
     np.testing.assert_allclose(streamed, audio, atol=1e-5)
 
 
+def test_first_block_is_small_and_blocks_ramp_up(small_codec, whole):
+    codes, audio = whole
+    gl, ctx = small_codec.gl, small_codec.decoder.context
+    assert gl.boundaries(200) == [8, 24, 56, 88, 120, 152, 184]
+    stream = small_codec.streaming_decoder()
+    needed = gl.first_block + gl.right + ctx  # codes before the first audio comes out
+    assert stream.push(codes[: needed - 1]).size == 0
+    first = stream.push(codes[needed - 1: needed])
+    assert 0 < first.size <= gl.first_block * HOP
+    np.testing.assert_allclose(first, audio[: first.size], atol=1e-5)
+
+
+def test_streams_decoded_together_equal_each_alone(small_codec, whole, utterance):
+    """decode_streams batches blocks of equal size across streams; each stream's audio is unchanged."""
+    codes = whole[0]
+    others = [codes[::-1].copy(), codes[: len(codes) // 2], small_codec.encode(utterance[::2])]
+    seqs = [codes, *others]
+    alone = [small_codec.decode(c) for c in seqs]
+    streams = [small_codec.streaming_decoder() for _ in seqs]
+    parts: list[list[np.ndarray]] = [[] for _ in seqs]
+    rng = np.random.default_rng(2)
+    pos = [0] * len(seqs)
+    while any(p < len(c) for p, c in zip(pos, seqs, strict=True)):
+        work, idx = [], []
+        for i, (s, c) in enumerate(zip(streams, seqs, strict=True)):
+            if pos[i] < len(c) and rng.random() < 0.8:  # not every stream has codes every step
+                n = int(rng.integers(1, 12))
+                work.append((s, c[pos[i]: pos[i] + n]))
+                idx.append(i)
+                pos[i] += n
+        for i, a in zip(idx, small_codec.decode_streams(work), strict=True):
+            parts[i].append(a)
+    for i, a in enumerate(small_codec.decode_streams([(s, None) for s in streams])):
+        parts[i].append(a)
+    for got, want in zip(parts, alone, strict=True):
+        np.testing.assert_allclose(np.concatenate(got), want, atol=1e-5)
+
+
 def test_block_joins_have_no_jumps(small_codec, whole):
-    audio = whole[1]
+    codes, audio = whole
     step = np.abs(np.diff(audio))
-    block = small_codec.gl.block * HOP
     half = small_codec.gl.crossfade // 2
-    joins = [b - half + i for b in range(block, len(audio) - block, block) for i in (-1, 0, 1)]
+    joins = [b * HOP - half + i for b in small_codec.gl.boundaries(len(codes)) for i in (-1, 0, 1)]
     # sample-to-sample change at the cross-fade edges stays within the signal's ordinary range
     assert step[joins].max() <= np.quantile(step, 0.999)
 

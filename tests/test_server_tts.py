@@ -96,6 +96,25 @@ def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
         assert np.array_equal(a, b)
 
 
+def test_concurrent_streams_share_batched_codec_calls(tts_service):
+    """Streams running together are decoded in shared codec calls, and each one's audio is what it
+    gets when it runs alone."""
+    texts = [f"Batch member {i} speaks a sentence." for i in range(4)]
+
+    async def one(i):
+        synth = tts_service.synthesize(texts[i], None, SynthesisOptions(seed=i))
+        return np.concatenate([c async for c in synth])
+
+    async def together():
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    tts_service.decoder.batch_sizes.clear()
+    shared = asyncio.run(together())
+    assert max(tts_service.decoder.batch_sizes) > 1
+    for i, audio in enumerate(shared):
+        np.testing.assert_allclose(audio, asyncio.run(one(i)), atol=1e-5)
+
+
 def test_decode_pool_runs_earliest_deadline_first(tts_service):
     """With the codec thread busy, a queued first chunk (deadline 0) overtakes a stream ahead of playback."""
     from engine.tts_decode import DecodePool
@@ -111,7 +130,7 @@ def test_decode_pool_runs_earliest_deadline_first(tts_service):
         finished.append(name)
 
     async def run():
-        pool = DecodePool(threads=1)
+        pool = DecodePool(codec, threads=1)
         try:
             busy = asyncio.create_task(job(pool, "busy", 0.0))
             await asyncio.sleep(0.05)  # the thread has taken "busy"; the next two wait in its queue

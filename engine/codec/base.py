@@ -49,3 +49,9 @@ class Codec(ABC):
     def decode_batch(self, codes: list[np.ndarray]) -> list[np.ndarray]:
         """Decode several utterances; codecs that can batch override this."""
         return [self.decode(c) for c in codes]
+
+    def decode_streams(self, work: list[tuple[StreamingDecoder, np.ndarray | None]]) -> list[np.ndarray]:
+        """One step of several utterances' streaming decoders (each from this codec, each at most once):
+        stream i gets codes work[i][1] (None = flush) and returns its final audio so far, as its own
+        push/flush would. Codecs that can batch across streams override this."""
+        return [stream.flush() if codes is None else stream.push(codes) for stream, codes in work]

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from engine.codec.base import Codec, StreamingDecoder
 from engine.codec.demo_decoder import CentroidLookup, CodeToMel
 from engine.codec.demo_features import LOG_FLOOR, MelSpec
-from engine.codec.demo_griffinlim import BlockGLConfig, BlockGriffinLim
+from engine.codec.demo_griffinlim import BlockGLConfig, BlockGriffinLim, batched_by, synthesize_blocks
 
 
 class DemoMelCodec(Codec):
@@ -80,6 +80,43 @@ class DemoMelCodec(Codec):
         stream = self.streaming_decoder()
         return np.concatenate([stream.push(np.asarray(codes)), stream.flush()])
 
+    def decode_streams(self, work: list[tuple[StreamingDecoder, np.ndarray | None]]) -> list[np.ndarray]:
+        """Feeds each stream its codes (None = flush) and decodes every block that became ready, in
+        rounds of at most one block per stream, each round one batched conv pass and one batched
+        Griffin-Lim per block size."""
+        for stream, codes in work:
+            assert isinstance(stream, DemoStreamingDecoder) and stream.codec is self
+            if codes is not None:
+                stream.codes.extend(int(c) for c in np.asarray(codes).reshape(-1))
+        parts: list[list[np.ndarray]] = [[np.zeros(0, np.float32)] for _ in work]
+        while True:
+            due = [i for i, (stream, codes) in enumerate(work) if stream.block_due(flushing=codes is None)]
+            if not due:
+                return [np.concatenate(p) for p in parts]
+            streams = [work[i][0] for i in due]
+            segs = self._block_mels(streams)
+            audio = synthesize_blocks([s.synth for s in streams], segs, [len(s.codes) for s in streams])
+            for i, a in zip(due, audio, strict=True):
+                parts[i].append(a)
+
+    def _block_mels(self, streams: list[DemoStreamingDecoder]) -> list[torch.Tensor]:
+        """Each stream's next block span of decoded log-mel [hi - lo, n_mels]; the conv decoder sees its
+        `context` frames either side, and runs once per window length."""
+        ctx = self.decoder.context
+        windows = []
+        for s in streams:
+            total = len(s.codes)
+            lo, hi = s.synth.span(total)
+            clo, chi = max(0, lo - ctx), min(total, hi + ctx)
+            windows.append((np.asarray(s.codes[clo:chi], dtype=np.int64), lo - clo, hi - lo))
+
+        def run(group: list[tuple[np.ndarray, int, int]]) -> list[torch.Tensor]:
+            with torch.no_grad():
+                mel = self.decoder(torch.as_tensor(np.stack([w[0] for w in group])))  # [G, window, n_mels]
+            return [m[skip: skip + n] for m, (_, skip, n) in zip(mel, group, strict=True)]
+
+        return batched_by(lambda w: len(w[0]), windows, run)
+
     def synthesize(self, log_mel: torch.Tensor) -> np.ndarray:
         """Griffin-Lim of any log-mel [frames, n_mels] (e.g. unquantised features) with the same blocks."""
         return BlockGriffinLim(self.spec, self.gl).synthesize_all(log_mel)
@@ -94,29 +131,22 @@ class DemoMelCodec(Codec):
 
 
 class DemoStreamingDecoder(StreamingDecoder):
-    """Decodes a block once its look-ahead (and the conv decoder's context) has arrived."""
+    """Decodes a block once its look-ahead (and the conv decoder's context) has arrived; the work runs
+    in `DemoMelCodec.decode_streams`, alone or batched with other streams."""
 
     def __init__(self, codec: DemoMelCodec):
         self.codec = codec
         self.codes: list[int] = []
         self.synth = BlockGriffinLim(codec.spec, codec.gl)
 
-    def _block(self, total: int) -> np.ndarray:
-        ctx = self.codec.decoder.context
-        lo, hi = self.synth.span(total)
-        clo, chi = max(0, lo - ctx), min(total, hi + ctx)  # the conv decoder's context on both sides
-        mel = self.codec.decode_mel(np.array(self.codes[clo:chi]))  # [chi - clo, n_mels]
-        return self.synth.synthesize_block(mel[lo - clo: hi - clo], total)
+    def block_due(self, flushing: bool) -> bool:
+        """Whether the next block can be decoded now (flushing: the sequence is complete)."""
+        if flushing:
+            return not self.synth.done(len(self.codes))
+        return self.synth.ready(len(self.codes), self.codec.decoder.context)
 
     def push(self, codes: np.ndarray) -> np.ndarray:
-        self.codes.extend(int(c) for c in np.asarray(codes).reshape(-1))
-        out = [np.zeros(0, np.float32)]
-        while self.synth.ready(len(self.codes), self.codec.decoder.context):
-            out.append(self._block(len(self.codes)))
-        return np.concatenate(out)
+        return self.codec.decode_streams([(self, codes)])[0]
 
     def flush(self) -> np.ndarray:
-        out = [np.zeros(0, np.float32)]
-        while not self.synth.done(len(self.codes)):
-            out.append(self._block(len(self.codes)))
-        return np.concatenate(out)
+        return self.codec.decode_streams([(self, None)])[0]
