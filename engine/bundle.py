@@ -5,9 +5,13 @@ Two layouts are recognised:
 * a pcgtts bundle (the embedded model) with a `pcgtts.json` manifest::
 
       {"family": "demo-phoneme", "target": "target", "draft": "draft", "codec": "codec",
-       "asg_table": "asg.safetensors", "voices": "voices"}
+       "asg_table": "asg.safetensors", "voices": "voices",
+       "extra_asg_tables": {"theta-0.45": "asg-0.45.safetensors"},
+       "sampling": {"temperature": 0.7}}
 
-  paths are relative to the bundle directory; `draft`, `asg_table` and `voices` are optional;
+  paths are relative to the bundle directory; `draft`, `asg_table`, `voices`, `extra_asg_tables` (more
+  tables a request may pick by name) and `sampling` (the model's default sampling settings, SamplingParams
+  field names) are optional;
 * a plain Hugging Face Llasa checkpoint directory (config.json + safetensors + tokenizer files), served
   with the `llasa` family and an X-codec2 codec directory given separately.
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # name -> "module:Class"; each class provides `from_dir(path) -> instance`.
@@ -50,6 +54,8 @@ class ModelBundle:
     codec_dir: Path | None
     asg_table: Path | None
     voices_dir: Path | None
+    extra_asg_tables: dict[str, Path] = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)  # default temperature / top_p / ... for this model
 
     @classmethod
     def from_dir(cls, root: str | Path, *, codec_dir: str | Path | None = None,
@@ -71,6 +77,8 @@ class ModelBundle:
                 codec_dir=Path(codec_dir) if codec_dir else rel("codec"),
                 asg_table=rel("asg_table"),
                 voices_dir=rel("voices"),
+                extra_asg_tables={name: root / p for name, p in spec.get("extra_asg_tables", {}).items()},
+                sampling=dict(spec.get("sampling", {})),
             )
         # A bare Hugging Face checkpoint: Llasa layout, X-codec2 codec from elsewhere.
         return cls(root=root, family_name="llasa", target_dir=root,

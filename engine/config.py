@@ -22,6 +22,9 @@ class EngineConfig:
     acceptance: str = "exact"  # rule name for engine.acceptance.make_rule
     acceptance_params: dict = field(default_factory=dict)  # extra rule parameters (ssd bias, topk k, ...)
     asg_table: str | Path | None = None  # ASG table for "pcg" / "lantern" (asg_tables.ASGTable.load)
+    # More tables (e.g. other θ) that a request may pick by name for A/B tests; the default table above is
+    # named after its file stem. Each is loaded on first use.
+    extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)
     num_speculative_tokens: int = 3  # γ; 0 (or no draft) decodes with the target alone
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" (float32 on CPU, bfloat16 on CUDA) | "float32" | "bfloat16" | "float16"
@@ -49,6 +52,10 @@ class SamplingParams:
     seed: int | None = None  # own generator: output independent of what else shares the batch
     constraint: DecodeConstraint | None = None  # speech-family decode-time logits transform
     acceptance: str | None = None  # per-request rule override (A/B tests); None = the engine's rule
+    asg_table: str | None = None  # name of one of the engine's ASG tables for this request; None = default
+    # Draft tokens verified per step for this request, 1..the engine's γ (the draft still proposes the
+    # engine's γ for the whole batch; this row's verify stops at its own). None = the engine's γ.
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -59,6 +66,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1 (or None for the engine's)")
         self.stop_token_ids = list(self.stop_token_ids)
 
     @property

@@ -84,8 +84,8 @@ class Engine:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions),
                                      num_blocks, block_size, backend)
 
-        self._table = None
-        self._rules: dict[str, AcceptanceRule] = {}
+        self._tables: dict[str, object] = {}  # ASG tables by name, loaded on first use
+        self._rules: dict[tuple[str, str | None], AcceptanceRule] = {}
         if self.gamma:
             self.rule_for(config.acceptance)  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
@@ -107,26 +107,41 @@ class Engine:
             return max(1, cfg.kv_budget_bytes // (per_token * bs))
         return max(1, -(-(cfg.kv_budget_tokens or DEFAULT_KV_TOKENS) // bs))
 
-    def rule_for(self, name: str) -> AcceptanceRule:
-        """The acceptance rule called `name` ("" = the engine's configured rule), built once."""
+    @property
+    def asg_table_paths(self) -> dict[str, Path]:
+        """ASG tables by name: the default (its file stem) first, then the extra ones."""
+        default = self.config.asg_table
+        paths = {Path(default).stem: Path(default)} if default else {}
+        return paths | {name: Path(path) for name, path in self.config.extra_asg_tables.items()}
+
+    def rule_for(self, name: str, table: str | None = None) -> AcceptanceRule:
+        """The acceptance rule called `name` ("" = the engine's configured rule) over the ASG table called
+        `table` (None = the default; only group rules use one), built once."""
         name = name or self.config.acceptance
-        if name not in self._rules:
+        table = table or None
+        key = (name, table if name in ("pcg", "lantern") else None)
+        if key not in self._rules:
             params = dict(self.config.acceptance_params) if name == self.config.acceptance else {}
             if name in ("pcg", "lantern") and "table" not in params and "embeddings" not in params:
-                params["table"] = self._asg_table()
-            self._rules[name] = make_rule(name, **params)
-        return self._rules[name]
+                params["table"] = self._asg_table(table)
+            elif table is not None and name in ("pcg", "lantern"):
+                raise ValueError(f"the {name!r} rule is configured with its own groups; no table choice")
+            self._rules[key] = make_rule(name, **params)
+        return self._rules[key]
 
-    def _asg_table(self):
-        if self._table is None:
-            if self.config.asg_table is None:
-                raise ValueError("this acceptance rule needs an ASG table (EngineConfig.asg_table)")
+    def _asg_table(self, name: str | None = None):
+        paths = self.asg_table_paths
+        if not paths:
+            raise ValueError("this acceptance rule needs an ASG table (EngineConfig.asg_table)")
+        name = name or next(iter(paths))
+        if name not in paths:
+            raise ValueError(f"no ASG table named {name!r}; this engine has {sorted(paths)}")
+        if name not in self._tables:
             from asg_tables import ASGTable  # only deployments using group rules need it
 
-            self._table = ASGTable.load(Path(self.config.asg_table))
-            if hasattr(self._table, "to"):
-                self._table = self._table.to(self.device)
-        return self._table
+            table = ASGTable.load(paths[name])
+            self._tables[name] = table.to(self.device) if hasattr(table, "to") else table
+        return self._tables[name]
 
     @property
     def vocab_size(self) -> int:
@@ -144,8 +159,9 @@ class Engine:
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         prompt_ids = self.validate(prompt_ids, params)
-        if params.acceptance and self.gamma:
-            self.rule_for(params.acceptance)  # build it now: a misconfigured rule fails this request only
+        if (params.acceptance or params.asg_table) and self.gamma:
+            # build it now: a misconfigured rule fails this request only
+            self.rule_for(params.acceptance or "", params.asg_table)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
@@ -165,11 +181,17 @@ class Engine:
         if len(prompt_ids) >= self.max_model_len:
             raise RequestTooLong(f"prompt of {len(prompt_ids)} tokens; the engine holds at most "
                                  f"{self.max_model_len} tokens per sequence")
-        if params.acceptance and self.gamma and params.acceptance not in self._rules:
+        if params.acceptance and self.gamma:
             from engine.acceptance import RULES
 
             if params.acceptance not in RULES:
                 raise ValueError(f"unknown acceptance rule {params.acceptance!r}")
+        if params.num_speculative_tokens is not None and params.num_speculative_tokens > self.gamma:
+            raise ValueError(f"num_speculative_tokens {params.num_speculative_tokens} exceeds this engine's "
+                             f"γ = {self.gamma}")
+        if params.asg_table is not None and params.asg_table not in self.asg_table_paths:
+            raise ValueError(f"no ASG table named {params.asg_table!r}; this engine has "
+                             f"{sorted(self.asg_table_paths)}")
         return prompt_ids
 
     def abort(self, request_id: str) -> bool:
@@ -206,16 +228,17 @@ class Engine:
                 seq.ever_admitted = True
                 self.counters.prompt_tokens += seq.prompt_len
         result = self.decoder.step(plan.decode)
-        self.counters.record_step(len(plan.decode), result.gamma, result.num_accepted)
+        self.counters.record_step(len(plan.decode), result.num_drafted, result.num_accepted)
         outputs = []
-        for seq, tokens, k in zip(plan.decode, result.tokens, result.num_accepted, strict=True):
+        rows = zip(plan.decode, result.tokens, result.num_drafted, result.num_accepted, strict=True)
+        for seq, tokens, drafted, k in rows:
             seq.num_steps += 1
-            seq.num_drafted += result.gamma
+            seq.num_drafted += drafted
             seq.num_accepted += k
             reason = self._append(seq, tokens)
             if reason is not None:
                 self._finish(seq, reason)
-            outputs.append(self._output(seq, result.gamma, k))
+            outputs.append(self._output(seq, drafted, k))
         return outputs
 
     def _append(self, seq: Seq, tokens: list[int]) -> str | None:

@@ -43,13 +43,13 @@ class Counters:
     def __post_init__(self) -> None:
         self.spec_accepted_per_position = [0] * self.gamma
 
-    def record_step(self, batch: int, gamma: int, accepted: list[int]) -> None:
+    def record_step(self, batch: int, drafted: list[int], accepted: list[int]) -> None:
+        """One decode step of `batch` sequences; drafted[i] drafts verified for sequence i, accepted[i]
+        of them accepted."""
         self.steps += 1
         self.batch_tokens += batch
-        if gamma == 0:
-            return
-        self.spec_num_drafts += batch
-        self.spec_drafted_tokens += batch * gamma
+        self.spec_num_drafts += sum(1 for d in drafted if d)
+        self.spec_drafted_tokens += sum(drafted)
         self.spec_accepted_tokens += sum(accepted)
         for k in accepted:
             for i in range(k):

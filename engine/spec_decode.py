@@ -27,8 +27,8 @@ from engine.sequence import Sequence
 @dataclass
 class StepResult:
     tokens: list[list[int]]  # per sequence: tokens emitted this step (accepted drafts + one more)
-    num_accepted: list[int]  # per sequence, in [0, γ]
-    gamma: int
+    num_accepted: list[int]  # per sequence, in [0, its γ]
+    num_drafted: list[int]  # per sequence: drafts verified (its own γ; 0 target-only)
 
 
 class SpeculativeDecoder:
@@ -72,7 +72,8 @@ class SpeculativeDecoder:
         hidden = self.target.forward_chunks([s.target for s in seqs], [s.token_ids[-1:] for s in seqs])
         probs = sampler.probs(self.target.logits(hidden))  # [B, 1, V]
         tokens = sampler.sample(probs[:, 0]).tolist()
-        return StepResult(tokens=[[t] for t in tokens], num_accepted=[0] * len(seqs), gamma=0)
+        zeros = [0] * len(seqs)
+        return StepResult(tokens=[[t] for t in tokens], num_accepted=zeros, num_drafted=zeros)
 
     def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
         g, dev = self.gamma, self.device
@@ -116,7 +117,8 @@ class SpeculativeDecoder:
             s.target.num_computed = s.length + g
             s.target.roll_back(self.target.blocks, s.length + k)
             s.draft.roll_back(self.draft.blocks, s.length + k)
-        return StepResult(tokens=emitted, num_accepted=num_accepted, gamma=g)
+        drafted = [min(g, s.params.num_speculative_tokens or g) for s in seqs]
+        return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=drafted)
 
     @staticmethod
     def _verify_generator(generator: torch.Generator) -> torch.Generator:
@@ -127,23 +129,28 @@ class SpeculativeDecoder:
         return torch.Generator(device=generator.device).manual_seed(seed)
 
     def _verify(self, seqs, sampler, drafts, draft_probs, target_probs):
-        """Run each row's acceptance rule with the row's generator; rows sharing both share one call."""
+        """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing all three
+        share one call. A row with γ_i < γ is verified on its first γ_i drafts, and p at position γ_i is
+        its bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
+        g = self.gamma
         rules: dict[int, AcceptanceRule] = {}
-        groups: dict[tuple[int, int], list[int]] = {}
+        groups: dict[tuple[int, int, int], list[int]] = {}
         for i, (s, gen) in enumerate(zip(seqs, sampler.generators, strict=True)):
-            rule = self.rule_for(s.params.acceptance or "")
+            rule = self.rule_for(s.params.acceptance or "", s.params.asg_table)
             rules[id(rule)] = rule
-            groups.setdefault((id(rule), id(gen)), []).append(i)
-        if len(groups) == 1:
-            (rule_id, _), = groups
+            row_gamma = min(g, s.params.num_speculative_tokens or g)
+            groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
+        if len(groups) == 1 and next(iter(groups))[1] == g:
+            (rule_id, _, _), = groups
             v = rules[rule_id].verify(drafts, draft_probs, target_probs,
                                       self._verify_generator(sampler.generators[0]))
             return v.tokens, v.num_accepted
-        tokens = torch.empty(len(seqs), self.gamma + 1, dtype=torch.long, device=self.device)
+        tokens = torch.empty(len(seqs), g + 1, dtype=torch.long, device=self.device)
         accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        for (rule_id, _), rows in groups.items():
+        for (rule_id, row_gamma, _), rows in groups.items():
             idx = torch.tensor(rows, device=self.device)
-            v = rules[rule_id].verify(drafts[idx], draft_probs[idx], target_probs[idx],
+            v = rules[rule_id].verify(drafts[idx, :row_gamma], draft_probs[idx, :row_gamma],
+                                      target_probs[idx, :row_gamma + 1],
                                       self._verify_generator(sampler.generators[rows[0]]))
-            tokens[idx], accepted[idx] = v.tokens, v.num_accepted
+            tokens[idx, :row_gamma + 1], accepted[idx] = v.tokens, v.num_accepted
         return tokens, accepted

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,7 @@ class TTSConfig:
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = 3  # γ
     asg_table: str | Path | None = None  # overrides the bundle's ASG table (θ choice)
+    extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)  # more, picked per request by name
     kv_budget_tokens: int | None = None
     max_num_seqs: int = 16
     max_waiting: int = 64
@@ -325,6 +327,7 @@ class TTSService:
             draft=bundle.draft_dir if use_draft else None,
             acceptance=config.acceptance if use_draft else "exact",
             asg_table=asg,
+            extra_asg_tables=bundle.extra_asg_tables | dict(config.extra_asg_tables),
             num_speculative_tokens=config.num_speculative_tokens if use_draft else 0,
             device=config.device,
             kv_budget_tokens=config.kv_budget_tokens,
@@ -334,6 +337,7 @@ class TTSService:
         engine = AsyncEngine(engine_config)
         service = cls(config, bundle, family, codec, engine, {})
         service._presets = service._load_presets()
+        _ = service.default_sampling  # a bad manifest fails at load, not on the first request
         return service
 
     def _load_presets(self) -> dict[str, VoicePrompt]:
@@ -377,8 +381,20 @@ class TTSService:
             "acceptance_rules": self.acceptance_rules,
             "num_speculative_tokens": self.engine_gamma,
             "asg_table": self.asg_table_name,
+            "asg_tables": self.asg_table_names,
             "max_tokens": self.config.max_tokens,
+            "sampling_defaults": dict(self.bundle.sampling),
         }
+
+    @cached_property
+    def default_sampling(self):
+        """SamplingParams defaults with the bundle's own (e.g. the demo model's temperature) applied."""
+        from engine.config import SamplingParams
+
+        try:
+            return replace(SamplingParams(), **self.bundle.sampling)
+        except TypeError as exc:
+            raise ValueError(f"bad 'sampling' in {self.bundle.root}'s manifest: {exc}") from exc
 
     @property
     def engine_acceptance(self) -> str:
@@ -395,33 +411,41 @@ class TTSService:
         if not self.engine_gamma:
             return ["none"]
         rules = ["exact", "ssd", "topk"]
-        if self.engine.config.asg_table:
+        if self.asg_table_names:
             rules += ["pcg", "lantern"]
         return rules
 
     @property
     def asg_table_name(self) -> str | None:
+        """The default ASG table's name (its file stem)."""
         table = self.engine.config.asg_table
         return Path(table).stem if table else None
+
+    @property
+    def asg_table_names(self) -> list[str]:
+        """Every ASG table a request may pick, the default first."""
+        return [*([self.asg_table_name] if self.asg_table_name else []), *self.engine.config.extra_asg_tables]
 
     def validate(self, options: SynthesisOptions) -> None:
         if options.acceptance is not None and options.acceptance not in self.acceptance_rules + [
                 self.engine_acceptance]:
             raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
                                  f"{self.acceptance_rules}.", "acceptance")
-        if options.num_speculative_tokens is not None and options.num_speculative_tokens != self.engine_gamma:
-            raise InvalidOptions(f"this engine runs with num_speculative_tokens={self.engine_gamma}; "
-                                 "per-request draft lengths are not supported.",
+        gamma = options.num_speculative_tokens
+        if gamma is not None and not (gamma == self.engine_gamma or 1 <= gamma <= self.engine_gamma):
+            raise InvalidOptions(f"num_speculative_tokens must lie in 1..{self.engine_gamma}, the engine's γ "
+                                 "(the draft proposes that many; a request may verify fewer).",
                                  "num_speculative_tokens")
-        if options.asg_table is not None and options.asg_table != self.asg_table_name:
-            raise InvalidOptions(f"ASG table {options.asg_table!r} is not loaded; the engine serves "
-                                 f"{self.asg_table_name!r} (choose another with --asg-table).", "asg_table")
+        if options.asg_table is not None and options.asg_table not in self.asg_table_names:
+            raise InvalidOptions(f"ASG table {options.asg_table!r} is not loaded; choose one of "
+                                 f"{self.asg_table_names} (load more with --extra-asg-tables).", "asg_table")
 
     def sampling_params(self, options: SynthesisOptions, prompt, index: int = 0):
         from engine.config import SamplingParams
 
-        defaults = SamplingParams()
+        defaults = self.default_sampling
         rule = options.acceptance
+        gamma = options.num_speculative_tokens
         return SamplingParams(
             temperature=defaults.temperature if options.temperature is None else options.temperature,
             top_k=options.top_k if options.top_k is not None else defaults.top_k,
@@ -432,6 +456,8 @@ class TTSService:
             seed=None if options.seed is None else options.seed + index,  # sentences get distinct seeds
             constraint=prompt.constraint,
             acceptance=None if rule in (None, "none", self.engine_acceptance) else rule,
+            asg_table=None if options.asg_table == self.asg_table_name else options.asg_table,
+            num_speculative_tokens=None if gamma in (None, self.engine_gamma) else gamma,
         )
 
     def segments(self, text: str) -> list[str]:

@@ -31,9 +31,11 @@ class SamplingFields(BaseModel):
         None, description="Speculative acceptance rule for this request (A/B tests): one the server "
                           "lists in GET /v1/models under `pcgtts.acceptance_rules`.")
     num_speculative_tokens: int | None = Field(
-        None, ge=0, le=16, description="Draft length γ for this request, when the engine allows it.")
+        None, ge=0, le=16, description="Draft tokens verified per step for this request: 1 up to the "
+                                      "engine's γ (`pcgtts.num_speculative_tokens` in GET /v1/models).")
     asg_table: str | None = Field(
-        None, description="Name of a loaded ASG table (θ choice) for PCG, see GET /v1/models.")
+        None, description="Name of a loaded ASG table (θ choice) for PCG/LANTERN: one of "
+                          "`pcgtts.asg_tables` in GET /v1/models.")
     ref_audio: str | None = Field(
         None, description="Inline speaker prompt: reference audio as base64 or a `data:audio/...;base64,` "
                           "URL (WAV/FLAC/MP3/OGG). Overrides `voice`.")

@@ -37,6 +37,8 @@ class ServerSettings:
     acceptance: str = _opt("pcg", "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
     num_speculative_tokens: int = _opt(3, "draft length γ (0 = target only)")
     asg_table: str | None = _opt(None, "ASG table file (the θ choice) for pcg/lantern; default: the bundle's")
+    extra_asg_tables: str | None = _opt(None, "more ASG tables requests may pick by name (`asg_table`): "
+                                              "comma-separated FILE or NAME=FILE (name: the file's stem)")
     kv_budget_tokens: int | None = _opt(None, "KV-cache capacity in tokens per model")
     max_num_seqs: int = _opt(16, "sequences decoded together per engine step")
     max_waiting: int = _opt(64, "queued requests before new ones get HTTP 429")
@@ -60,6 +62,14 @@ class ServerSettings:
         if self.torch_threads is not None:
             return self.torch_threads or None
         return 1 if self.device == "cpu" else None
+
+    @property
+    def extra_asg_table_paths(self) -> dict[str, Path]:
+        out = {}
+        for item in filter(None, (x.strip() for x in (self.extra_asg_tables or "").split(","))):
+            name, _, path = item.rpartition("=")
+            out[name or Path(path).stem] = Path(path)
+        return out
 
     @property
     def voices_dir(self) -> Path:

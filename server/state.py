@@ -26,6 +26,7 @@ def tts_config(settings: ServerSettings) -> TTSConfig:
         model_dir=settings.model or base.model_dir, codec_dir=settings.codec, draft_dir=settings.draft,
         device=settings.device, acceptance=settings.acceptance,
         num_speculative_tokens=settings.num_speculative_tokens, asg_table=settings.asg_table,
+        extra_asg_tables=settings.extra_asg_table_paths,
         kv_budget_tokens=settings.kv_budget_tokens, max_num_seqs=settings.max_num_seqs,
         max_waiting=settings.max_waiting, max_tokens=settings.max_tokens,
         decode_threads=settings.decode_threads)

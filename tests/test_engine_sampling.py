@@ -147,7 +147,7 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
     # per-request rule override: one batch, half verified by the engine's pcg, half by exact
     mixed = [replace(params, acceptance="exact" if i % 2 else None) for i in range(len(prompts))]
     assert [g.token_ids for g in engine.generate(prompts, mixed)] == outs["exact"]
-    assert sorted(engine._rules) == ["exact", "pcg"]
+    assert sorted(engine._rules) == [("exact", None), ("pcg", None)]
 
 
 def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
@@ -201,3 +201,39 @@ def test_two_level_inverse_cdf_sampler_is_exact():
     cdf = probs.double().cumsum(0)
     plain = torch.searchsorted(cdf, (u[:1000] * cdf[-1])[:, None], right=True)[:, 0]
     assert (draws[:1000] == plain).float().mean() > 0.99
+
+
+def test_per_request_gamma_keeps_target_distribution(models):
+    """Rows asking for γ=1 in a γ=3 engine verify one draft per step and still sample the target."""
+    target, draft = models
+    params = replace(SETTINGS["topp"], num_speculative_tokens=1)
+    engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, max_num_seqs=256,
+                                  max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=11))
+    counts = empirical_joint(engine, params, n=3000)
+    assert chi2_pvalue(counts, reference_joint(target, params)) > ALPHA
+    m = engine.metrics()
+    assert m.spec_drafted_tokens == m.spec_num_drafts > 0  # one draft verified per row per step
+    assert m.spec_accepted_per_position[1:] == [0, 0]
+    with pytest.raises(ValueError, match="exceeds"):
+        engine.generate([PROMPT], replace(params, num_speculative_tokens=4))
+
+
+def test_per_request_asg_table(models, tmp_path):
+    """A request picks one of the engine's ASG tables by name: one group over the whole vocabulary accepts
+    every draft (P_c = Q_c = 1), singletons only as often as exact does."""
+    from asg_tables import ASGTable
+
+    target, draft = models
+    ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+    ASGTable.from_groups([list(range(V))], V).save(tmp_path / "everything.asg")
+    engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=2, acceptance="pcg",
+                                  asg_table=tmp_path / "singletons.asg", max_num_seqs=64,
+                                  extra_asg_tables={"everything": tmp_path / "everything.asg"}))
+    assert list(engine.asg_table_paths) == ["singletons", "everything"]
+    rate = {}
+    for table in ("singletons", "everything"):
+        out = engine.generate([PROMPT] * 64, replace(SETTINGS["topp"], max_tokens=8, asg_table=table))
+        rate[table] = sum(g.num_accepted for g in out) / sum(g.num_drafted for g in out)
+    assert rate["everything"] == 1.0 and rate["singletons"] < 0.95
+    with pytest.raises(ValueError, match="no ASG table named"):
+        engine.generate([PROMPT], replace(SETTINGS["topp"], asg_table="missing"))

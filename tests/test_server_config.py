@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -123,3 +124,12 @@ def test_model_that_fails_to_load_is_reported(tmp_path):
         assert info.value.status_code == 503 and info.value.code == "model_load_failed"
     finally:
         server.stop()
+
+
+def test_extra_asg_tables_option_names_tables_by_stem_or_given_name():
+    from server.state import tts_config
+
+    settings = ServerSettings(extra_asg_tables="tables/asg-0.45.safetensors, wide=tables/w.safetensors")
+    assert settings.extra_asg_table_paths == {"asg-0.45": Path("tables/asg-0.45.safetensors"),
+                                              "wide": Path("tables/w.safetensors")}
+    assert tts_config(settings).extra_asg_tables == settings.extra_asg_table_paths

@@ -140,3 +140,35 @@ def test_decode_pool_runs_earliest_deadline_first(tts_service):
 
     asyncio.run(run())
     assert finished == ["busy", "first-chunk", "ahead-of-playback"]
+
+
+def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
+    """A/B tests in one server: a request names one of the loaded ASG tables, or verifies fewer drafts
+    than the engine's γ."""
+    from asg_tables import ASGTable
+    from engine.tts import TTSConfig, TTSService
+
+    service = TTSService.load(TTSConfig(model_dir=demo_bundle))
+    vocab = service.engine.vocab_size
+    service.close()
+    ASGTable.from_groups([list(range(vocab))], vocab).save(tmp_path / "everything.asg")
+    service = TTSService.load(TTSConfig(model_dir=demo_bundle,
+                                        extra_asg_tables={"everything": tmp_path / "everything.asg"}))
+    try:
+        assert service.capabilities()["asg_tables"] == [service.asg_table_name, "everything"]
+
+        async def run(**options):
+            synth = service.synthesize("Hello there, how are you?", None, SynthesisOptions(seed=4, **options))
+            [c async for c in synth]
+            return synth.stats
+
+        # one group over every token: P_c = Q_c = 1, so every draft is accepted
+        assert asyncio.run(run(asg_table="everything")).acceptance_rate == 1.0
+        assert asyncio.run(run()).acceptance_rate < 0.9
+        # γ = 1: each step verifies one draft and emits it or a replacement, plus a bonus when accepted
+        one = asyncio.run(run(num_speculative_tokens=1))
+        assert one.drafted_tokens > 0
+        assert one.accepted_tokens + one.drafted_tokens - one.sentences <= one.generated_tokens
+        assert one.generated_tokens <= one.accepted_tokens + one.drafted_tokens
+    finally:
+        service.close()
