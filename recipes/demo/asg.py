@@ -21,6 +21,7 @@ from asg_tables.report import table_stats
 from engine.speech.demo_layout import DemoVocab
 
 THETAS = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
+EXTRA_STEPS = (-2, 2)  # extra tables shipped for θ A/B tests: this many sweep steps either side of θ
 COHERENCE_LIMIT = 0.6
 MAX_MEAN_GROUP = 24.0
 
@@ -51,7 +52,16 @@ def build_table(model_dir: Path, vocab: DemoVocab) -> dict:
                                            f"group <= {MAX_MEAN_GROUP}"})
     table.save(model_dir / "asg.safetensors")
     stats = table_stats(table)
-    report = {"theta": theta, "sweep": sweep, "stats": {k: v for k, v in stats.items() if k != "meta"}}
+    extra = {}
+    for step in EXTRA_STEPS:
+        i = THETAS.index(theta) + step
+        if 0 <= i < len(THETAS):
+            name = f"theta-{THETAS[i]}"
+            build_asg(emb, THETAS[i], offset=vocab.code_offset, vocab_size=vocab.vocab_size, progress=False,
+                      meta=meta | {"rule": "θ A/B alternative"}).save(model_dir / f"asg-{name}.safetensors")
+            extra[name] = f"asg-{name}.safetensors"
+    report = {"theta": theta, "sweep": sweep, "stats": {k: v for k, v in stats.items() if k != "meta"},
+              "extra_tables": extra}
     (model_dir / "asg_report.json").write_text(json.dumps(report, indent=1))
     print(f"[asg] θ={theta}: " + ", ".join(f"{r['theta']}:{r['mean_seed_group']:.1f}/{r['coherence']:.2f}"
                                           for r in sweep), flush=True)

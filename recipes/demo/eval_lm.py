@@ -128,7 +128,7 @@ def per_token_cost(bundle: ModelBundle, family, items: list[Item], tokens: int =
 
 
 def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1, 2),
-             temperature: float = 0.8, extra_temperatures: tuple[float, ...] = (0.5,),
+             temperature: float = 0.8, extra_temperatures: tuple[float, ...] = (0.5, 0.6),
              clone_per_speaker: int = 3, seed: int = 0) -> dict:
     bundle = ModelBundle.from_dir(model_dir)
     family, codec = bundle.load_family(), bundle.load_codec()

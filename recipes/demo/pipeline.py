@@ -12,6 +12,9 @@ from pathlib import Path
 
 import torch
 
+# The shipped default sampling: this small model is far more intelligible below the OpenAI-style
+# default of 1.0 (models/demo-en/EVAL.md: WER by temperature) and still ends every utterance by itself.
+SAMPLING_DEFAULTS = {"temperature": 0.6}
 STAGES = ["corpus", "prepare", "train", "decoder", "draft", "voices", "bundle", "eval"]
 
 
@@ -144,9 +147,10 @@ def stage_bundle(cfg: RecipeConfig) -> None:
     voices = sorted(p.stem for p in (model_dir / "voices").glob("*.json"))
     family["default_voice"] = voices[0] if voices else None
     (model_dir / "family.json").write_text(json.dumps(family, indent=1))
-    build_table(model_dir, vocab)
+    tables = build_table(model_dir, vocab)
     manifest = {"family": "demo-phoneme", "target": "target", "draft": "draft", "codec": "codec",
-                "codec_type": "demo-mel", "asg_table": "asg.safetensors", "voices": "voices"}
+                "codec_type": "demo-mel", "asg_table": "asg.safetensors", "voices": "voices",
+                "extra_asg_tables": tables["extra_tables"], "sampling": SAMPLING_DEFAULTS}
     (model_dir / "pcgtts.json").write_text(json.dumps(manifest, indent=1))
     plot_losses(cfg.run_dir, model_dir / "loss_curves.png")
 
