@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-codes", type=int, default=3, help="codes fed per stream per step")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--ttfa-requests", type=int, default=0,
+                        help="also time first audio through the TTS service (engine included) for each block "
+                             "schedule, this many requests each, alternating")
     parser.add_argument("--out", type=Path, default=Path("bench/results/codec"))
 
 
@@ -66,6 +69,43 @@ def _first_audio(codec, codes: np.ndarray) -> tuple[int, float]:
     return len(codes), 0.0
 
 
+def _service_ttfa(model: Path | None, requests: int) -> dict:
+    """Median seconds to the first audio chunk of one request at a time through the TTS service, ramped
+    vs flat first block, alternating request by request (same texts and seeds for both)."""
+    import asyncio
+
+    from engine.tts import SynthesisOptions, TTSConfig, TTSService
+
+    service = TTSService.load(TTSConfig(**({"model_dir": model} if model else {})))
+    ramped = service.codec.gl
+    schedules = {"ramped": ramped, "flat": replace(ramped, first_block=ramped.block)}
+    texts = ["The little boat drifted slowly towards the shore.", "Please bring the blue folder tomorrow.",
+             "A quiet voice answered from the hall.", "We met at noon and walked to the market."]
+
+    async def first_chunk(i: int) -> float:
+        synth = service.synthesize(texts[i % len(texts)], None, SynthesisOptions(seed=i))
+        start = time.perf_counter()
+        async for _ in synth:
+            break
+        took = time.perf_counter() - start
+        await synth.aclose()
+        return took
+
+    times: dict[str, list[float]] = {name: [] for name in schedules}
+    try:
+        for i in range(requests):
+            for name, cfg in schedules.items():
+                service.codec.gl = cfg
+                times[name].append(asyncio.run(first_chunk(i)))
+    finally:
+        service.codec.gl = ramped
+        service.close()
+    out = {name: statistics.median(t) for name, t in times.items()}
+    print(f"first audio through the service (median of {requests}): ramped {out['ramped']:.3f} s, "
+          f"flat {out['flat']:.3f} s", flush=True)
+    return out | {"requests": requests}
+
+
 def main(args: argparse.Namespace) -> int:
     run(args)
     return 0
@@ -103,6 +143,8 @@ def run(args: argparse.Namespace) -> dict:
                   f"({row['codes_before_audio'] / codec.frame_rate:.2f} s of speech), that push took "
                   f"{row['first_push_s'] * 1e3:.0f} ms", flush=True)
         codec.gl = gl
+        if args.ttfa_requests:
+            report["service_ttfa"] = _service_ttfa(args.model, args.ttfa_requests)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "codec.json").write_text(json.dumps(report, indent=1))
     return report
