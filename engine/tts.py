@@ -36,7 +36,7 @@ from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from engine.codec.base import Codec, StreamingDecoder
 from engine.metrics import EngineMetrics
 from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
-from engine.tts_decode import DecodePool
+from engine.tts_decode import CodecStats, DecodePool
 from engine.tts_text import split_sentences
 
 __all__ = ["TTSConfig", "SynthesisOptions", "SynthesisStats", "EngineStats", "Synthesis", "TTSService",
@@ -487,6 +487,9 @@ class TTSService:
     # -- monitoring and shutdown
     def engine_stats(self) -> EngineStats:
         return self.engine.metrics()
+
+    def codec_stats(self) -> CodecStats:
+        return self.decoder.snapshot()
 
     def close(self) -> None:
         self.decoder.close()

@@ -9,10 +9,25 @@ import threading
 import time
 import weakref
 from collections import deque
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from engine.codec.base import Codec, StreamingDecoder
+
+
+@dataclass
+class CodecStats:
+    """Totals since start: codec calls, the stream jobs they served (calls < jobs when batched), seconds."""
+
+    calls: int = 0
+    stream_jobs: int = 0
+    seconds: float = 0.0
+
+    def record(self, jobs: int, seconds: float) -> None:
+        self.calls += 1
+        self.stream_jobs += jobs
+        self.seconds += seconds
 
 
 class DecodePool:
@@ -41,6 +56,7 @@ class DecodePool:
         self._pinned: weakref.WeakKeyDictionary[StreamingDecoder, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # streams per codec call, latest last
+        self.stats = CodecStats()  # running totals, read by the metrics endpoint
         for thread in self._threads:
             thread.start()
 
@@ -86,11 +102,15 @@ class DecodePool:
             except Exception as exc:  # handed to every stream of the batch (their decoders' state is unknown)
                 results = [(None, exc)] * len(batch)
             self.batch_sizes.append(len(batch))
+            self.stats.record(len(batch), time.perf_counter() - start)
             for (_, _, loop, future), (result, error) in zip(batch, results, strict=True):
                 try:
                     loop.call_soon_threadsafe(_resolve, future, result, error)
                 except RuntimeError:  # the stream's event loop is gone
                     pass
+
+    def snapshot(self) -> CodecStats:
+        return replace(self.stats)
 
     def close(self) -> None:
         for jobs in self._queues:

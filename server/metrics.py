@@ -61,11 +61,13 @@ class UnderrunTracker:
 
 
 class EngineCollector:
-    """Exports the engine's snapshot as vLLM-named gauges and counters."""
+    """Exports the engine's snapshot as vLLM-named gauges and counters, and the codec threads' totals."""
 
-    def __init__(self, model_name: str, engine_stats: Callable[[], object | None]):
+    def __init__(self, model_name: str, engine_stats: Callable[[], object | None],
+                 codec_stats: Callable[[], object | None] = lambda: None):
         self._model = model_name
         self._stats = engine_stats
+        self._codec = codec_stats
 
     def describe(self) -> list[Metric]:
         return []
@@ -100,10 +102,23 @@ class EngineCollector:
         for position, value in enumerate(s.spec_accepted_per_position):
             per_pos.add_metric([self._model, str(position)], float(value))
         yield per_pos
+        codec = self._codec()
+        if codec is None:
+            return
+        for name, doc, value in (
+            ("codec_decode_calls", "Codec decode calls (each serves one or more streams).", codec.calls),
+            ("codec_decode_stream_jobs", "Stream jobs served by codec calls (/ calls = mean batch).",
+             codec.stream_jobs),
+            ("codec_decode_seconds", "Seconds spent in codec decode calls.", codec.seconds),
+        ):
+            c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            c.add_metric([self._model], float(value))
+            yield c
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, engine_stats: Callable[[], object | None]):
+    def __init__(self, model_name: str, engine_stats: Callable[[], object | None],
+                 codec_stats: Callable[[], object | None] = lambda: None):
         self.model_name = model_name
         self.registry = CollectorRegistry()
         r, lab = self.registry, ["model_name"]
@@ -128,7 +143,7 @@ class ServerMetrics:
                                 ["model_name", "format", "stream_mode", "status"], registry=r)
         self.success = Counter(PREFIX + "request_success", "Finished speech requests by finish reason.",
                                ["model_name", "finished_reason"], registry=r)
-        self.registry.register(EngineCollector(model_name, engine_stats))
+        self.registry.register(EngineCollector(model_name, engine_stats, codec_stats))
 
     def record(self, o: RequestOutcome) -> None:
         m = self.model_name

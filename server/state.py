@@ -40,7 +40,7 @@ class AppState:
         self.store = VoiceStore(settings.voices_dir)
         self.limits = VoiceLimits(settings.max_upload_bytes, settings.min_voice_seconds,
                                   settings.max_voice_seconds)
-        self.metrics = ServerMetrics(self.model_name, self._engine_stats)
+        self.metrics = ServerMetrics(self.model_name, self._engine_stats, self._codec_stats)
         self.service: TTSService | None = None
         self.resolver: VoiceResolver | None = None
         self.load_error: str | None = None
@@ -55,6 +55,9 @@ class AppState:
 
     def _engine_stats(self):
         return self.service.engine_stats() if self.service is not None else None
+
+    def _codec_stats(self):
+        return self.service.codec_stats() if self.service is not None else None
 
     def start_loading(self) -> None:
         """Loads the model in a thread so /health answers (and /ready says 503) meanwhile."""

@@ -207,5 +207,8 @@ def test_metrics_after_traffic(client, live_server):
     assert value("pcgtts:requests", "_total", format="pcm", stream_mode="audio", status="ok") > 0
     assert value("pcgtts:requests", "_total", stream_mode="sse", status="ok") > 0
     assert value("pcgtts:request_success", "_total", finished_reason="stop") > 0
+    calls = value("pcgtts:codec_decode_calls", "_total")
+    assert 0 < calls <= value("pcgtts:codec_decode_stream_jobs", "_total")  # a call serves >= 1 stream
+    assert value("pcgtts:codec_decode_seconds", "_total") > 0
     labels = {k for f in families.values() for s in f.samples for k in s.labels}
     assert labels <= {"model_name", "position", "format", "stream_mode", "status", "finished_reason", "le"}

@@ -54,6 +54,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Preemptions per second", "short", [
         ("preemptions", f"sum(rate({P}num_preemptions_total{RATE}))"),
     ]),
+    ("Codec: streams per decode call, busy share", "short", [
+        ("streams/call", f"sum(rate({P}codec_decode_stream_jobs_total{RATE})) / "
+                         f"sum(rate({P}codec_decode_calls_total{RATE}))"),
+        ("busy", f"sum(rate({P}codec_decode_seconds_total{RATE}))"),
+    ]),
     ("Finished requests by reason", "short", [
         ("{{finished_reason}}", f"sum by(finished_reason)(rate({P}request_success_total{RATE}))"),
     ]),
