@@ -55,6 +55,18 @@ def test_health_ready_and_models(live_server):
     assert {"id": card["id"]} in audio_models and {"id": "tts-1"} in audio_models
 
 
+def test_ab_choices_listed_by_models_are_accepted(client, live_server):
+    """What GET /v1/models offers for A/B tests (rules, ASG tables, draft lengths up to γ) is served."""
+    card = httpx.get(live_server.url + "/v1/models").json()["data"][0]["pcgtts"]
+    assert card["asg_tables"] and card["num_speculative_tokens"] >= 1
+    assert card["sampling_defaults"] == live_server.state.service.bundle.sampling
+    for table in card["asg_tables"]:
+        choice = {"acceptance": "pcg", "asg_table": table, "num_speculative_tokens": 1, "seed": 2}
+        audio = client.audio.speech.create(model="tts-1", voice="alloy", input="Try this.",
+                                           response_format="pcm", extra_body=choice).read()
+        assert len(audio) > 2 * 24000 * 0.2  # at least 0.2 s of 16-bit PCM
+
+
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac", "wav", "pcm"])
 def test_every_format_create_and_streaming_response(client, reference_pcm, fmt):
     expected = reference_pcm.size / 24000
@@ -198,7 +210,7 @@ def test_metrics_after_traffic(client, live_server):
     drafted = value("pcgtts:spec_decode_num_draft_tokens", "_total")
     accepted = value("pcgtts:spec_decode_num_accepted_tokens", "_total")
     drafts = value("pcgtts:spec_decode_num_drafts", "_total")
-    assert drafted == gamma * drafts > 0 and 0 <= accepted <= drafted
+    assert drafts <= drafted <= gamma * drafts and drafts > 0 and 0 <= accepted <= drafted  # γ_i in 1..γ
     per_pos = families["pcgtts:spec_decode_num_accepted_tokens_per_pos"].samples
     positions = {s.labels["position"]: s.value for s in per_pos}
     assert sorted(positions) == [str(i) for i in range(gamma)] and sum(positions.values()) == accepted
