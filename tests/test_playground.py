@@ -48,6 +48,10 @@ def test_page_streams_and_plays_a_chosen_voice(page):
     options = page.locator("#voice option")
     assert options.count() >= 1
     page.select_option("#voice", index=options.count() - 1)
+    tables = page.locator("#asg-table option")
+    assert tables.count() >= 2  # "server default" and the tables GET /v1/models lists
+    page.select_option("#acceptance", "pcg")
+    page.select_option("#asg-table", index=tables.count() - 1)
     page.fill("#seed", "7")
     stats = speak_and_wait(page, "Hello from the browser playground.")
     assert stats["status"] == "done", stats

@@ -43,6 +43,9 @@ async function loadRules() {
   for (const rule of (model.pcgtts && model.pcgtts.acceptance_rules) || []) {
     $("acceptance").append(new Option(rule, rule));
   }
+  for (const table of (model.pcgtts && model.pcgtts.asg_tables) || []) {
+    $("asg-table").append(new Option(table, table));
+  }
 }
 
 $("upload").addEventListener("submit", async (event) => {
@@ -172,6 +175,7 @@ function sessionConfig() {
   if ($("temperature").value !== "") config.temperature = Number($("temperature").value);
   if ($("seed").value !== "") config.seed = Number($("seed").value);
   if ($("acceptance").value) config.acceptance = $("acceptance").value;
+  if ($("asg-table").value) config.asg_table = $("asg-table").value;
   return config;
 }
 
