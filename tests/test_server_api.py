@@ -15,7 +15,7 @@ import pytest
 TEXT = "Hello there, friend."
 SEED = {"seed": 11}
 CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", "flac": "audio/flac",
-                 "wav": "audio/wav", "pcm": "audio/pcm"}
+                 "wav": "audio/wav", "pcm": "audio/pcm", "ulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,26 @@ def test_every_format_create_and_streaming_response(client, reference_pcm, fmt):
         assert expected - 0.001 <= seconds <= expected + 0.1, (fmt, seconds, expected)
     if fmt in ("pcm", "wav", "flac"):  # lossless: byte-identical PCM content
         assert streamed == whole.read()
+
+
+@pytest.mark.parametrize(("fmt", "demuxer"), [("ulaw", "mulaw"), ("alaw", "alaw")])
+def test_telephony_formats_are_8khz_g711(client, reference_pcm, fmt, demuxer):
+    """ulaw/alaw (extensions for telephony): headerless G.711 at 8 kHz, the same speech as the PCM."""
+    import soxr
+
+    with client.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", input=TEXT,
+                                                            response_format=fmt, extra_body=SEED) as response:
+        assert response.headers["content-type"] == CONTENT_TYPES[fmt]
+        data = b"".join(response.iter_bytes())
+    with av.open(io.BytesIO(data), format=demuxer, options={"sample_rate": "8000"}) as container:
+        decoded = np.concatenate([f.to_ndarray().reshape(-1) for f in container.decode(audio=0)])
+    decoded = decoded.astype(np.float32) / (32768 if decoded.dtype == np.int16 else 1)
+    pcm_8k = soxr.resample(reference_pcm.astype(np.float32) / 32768, 24000, 8000)
+    assert abs(decoded.size - reference_pcm.size / 3) <= 2
+    n = min(decoded.size, pcm_8k.size)
+    noise = decoded[:n] - pcm_8k[:n]
+    snr_db = 10 * np.log10(np.sum(pcm_8k[:n] ** 2) / np.sum(noise ** 2))
+    assert snr_db > 25  # G.711 companding noise is ~35-38 dB below speech; resampling paths differ a bit
 
 
 def test_whole_wav_has_exact_sizes(client, reference_pcm):

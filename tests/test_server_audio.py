@@ -12,16 +12,28 @@ import soundfile as sf
 from server_support import tone
 
 from server.audio.decode import AudioDecodeError, decode_audio, decode_base64_audio
-from server.audio.encoders import UNKNOWN_SIZE, float_to_pcm16, make_encoder, wav_header
-from server.audio.formats import CONTENT_TYPES, RESPONSE_FORMATS, content_type
+from server.audio.encoders import (
+    UNKNOWN_SIZE,
+    float_to_pcm16,
+    linear_to_alaw,
+    linear_to_ulaw,
+    make_encoder,
+    wav_header,
+)
+from server.audio.formats import CONTENT_TYPES, RESPONSE_FORMATS, content_type, output_rate
 from server.audio.pipeline import OutputPipeline, Resampler, encode_whole
 
 RATE = 16000
 
 
-def _decode_any(data: bytes) -> tuple[np.ndarray, int]:
-    """Container bytes -> (mono float32, rate) with PyAV (independent of our own decode path)."""
-    with av.open(io.BytesIO(data)) as container:
+G711_DEMUXERS = {"ulaw": "mulaw", "alaw": "alaw"}  # ffmpeg's raw G.711 demuxers
+
+
+def _decode_any(data: bytes, fmt: str | None = None) -> tuple[np.ndarray, int]:
+    """Container bytes -> (mono float32, rate) with PyAV (independent of our own decode path); headerless
+    G.711 needs its demuxer named and its rate given."""
+    raw = {"format": G711_DEMUXERS[fmt], "options": {"sample_rate": "8000"}} if fmt in G711_DEMUXERS else {}
+    with av.open(io.BytesIO(data), **raw) as container:
         rate = container.streams.audio[0].codec_context.sample_rate
         to_float = av.AudioResampler(format="flt", layout="mono", rate=rate)
         audio = [out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
@@ -71,7 +83,8 @@ def test_every_format_streams_and_decodes_to_the_right_length(fmt):
     if fmt == "pcm":
         decoded, rate = np.frombuffer(data, "<i2").astype(np.float32) / 32768, 24000
     else:
-        decoded, rate = _decode_any(data)
+        decoded, rate = _decode_any(data, fmt)
+    assert rate == output_rate(fmt) or fmt == "opus"  # Opus decoders run at 48 kHz
     expected = 1.5 * rate
     # Lossy codecs add encoder delay and frame padding (aac: 1024 priming + up to 1024 padding samples).
     assert expected - 2 <= decoded.size <= expected + 0.1 * rate, (fmt, decoded.size, expected)
@@ -82,6 +95,19 @@ def test_content_types_and_pcm_rate():
     assert set(CONTENT_TYPES) == set(RESPONSE_FORMATS)
     assert content_type("mp3") == "audio/mpeg" and content_type("opus") == "audio/opus"
     assert content_type("pcm") == "audio/pcm;rate=24000"
+    assert content_type("ulaw") == "audio/basic" and output_rate("ulaw") == output_rate("alaw") == 8000
+
+
+@pytest.mark.parametrize(("law", "reference"), [("ulaw", "lin2ulaw"), ("alaw", "lin2alaw")])
+def test_g711_matches_cpython_audioop_on_every_sample_value(law, reference):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import audioop  # CPython's C implementation of G.711 (deprecated, still in 3.11/3.12)
+    values = np.arange(-32768, 32768, dtype=np.int32)
+    ours = (linear_to_ulaw if law == "ulaw" else linear_to_alaw)(values)
+    assert ours.tobytes() == getattr(audioop, reference)(values.astype("<i2").tobytes(), 2)
 
 
 def test_chunked_resampling_equals_one_shot():

@@ -133,10 +133,62 @@ class PyAVEncoder(AudioEncoder):
         return self._sink.take()
 
 
+def _pcm16_values(audio: np.ndarray) -> np.ndarray:
+    """float [-1, 1] -> int32 array of the 16-bit sample values `float_to_pcm16` writes."""
+    return np.frombuffer(float_to_pcm16(audio), dtype="<i2").astype(np.int32)
+
+
+def _segment(magnitude: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """G.711 segment: the first i with magnitude <= ends[i] (len(ends) when above all)."""
+    return np.searchsorted(ends, magnitude, side="left")
+
+
+_ULAW_ENDS = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF])
+_ALAW_ENDS = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF])
+
+
+def linear_to_ulaw(pcm: np.ndarray) -> np.ndarray:
+    """16-bit linear samples (int array) -> G.711 mu-law bytes (uint8), ITU-T G.711 segment coding."""
+    x = pcm >> 2  # 14-bit
+    mask = np.where(x < 0, 0x7F, 0xFF)
+    x = np.minimum(np.abs(x), 8159) + 0x21  # clip, add the bias (0x84 >> 2)
+    seg = _segment(x, _ULAW_ENDS)
+    code = (np.minimum(seg, 7) << 4) | ((x >> (np.minimum(seg, 7) + 1)) & 0xF)
+    code = np.where(seg >= 8, 0x7F, code)
+    return (code ^ mask).astype(np.uint8)
+
+
+def linear_to_alaw(pcm: np.ndarray) -> np.ndarray:
+    """16-bit linear samples (int array) -> G.711 A-law bytes (uint8), even bits inverted (XOR 0x55)."""
+    x = pcm >> 3  # 13-bit
+    mask = np.where(x >= 0, 0xD5, 0x55)
+    x = np.where(x >= 0, x, -x - 1)
+    seg = _segment(x, _ALAW_ENDS)
+    low = np.where(seg < 2, x >> 1, x >> np.maximum(seg, 1)) & 0xF
+    code = np.where(seg >= 8, 0x7F, (np.minimum(seg, 7) << 4) | low)
+    return (code ^ mask).astype(np.uint8)
+
+
+class G711Encoder(AudioEncoder):
+    """Headerless 8-bit companded telephony audio (one byte per sample, so it streams sample-exact)."""
+
+    def __init__(self, sample_rate: int, law: str):
+        super().__init__(sample_rate)
+        self._encode = linear_to_ulaw if law == "ulaw" else linear_to_alaw
+
+    def encode(self, audio: np.ndarray) -> bytes:
+        return self._encode(_pcm16_values(audio)).tobytes()
+
+    def finish(self) -> bytes:
+        return b""
+
+
 def make_encoder(fmt: str, sample_rate: int, *, num_samples: int | None = None) -> AudioEncoder:
     """An encoder for one response. `num_samples` (known length) only matters for WAV's header."""
     if fmt == "pcm":
         return PCMEncoder(sample_rate)
+    if fmt in ("ulaw", "alaw"):
+        return G711Encoder(sample_rate, fmt)
     if fmt == "wav":
         return WavEncoder(sample_rate, num_samples)
     if fmt in _AV_SPECS:

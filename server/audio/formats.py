@@ -1,7 +1,8 @@
 """The output formats the speech endpoint serves, and their HTTP content types.
 
-Every format is produced at `OUTPUT_SAMPLE_RATE` (24 kHz, like OpenAI), mono. PCM is 16-bit signed
-little-endian without a header.
+Every format is produced at `OUTPUT_SAMPLE_RATE` (24 kHz, like OpenAI), mono, except the telephony
+formats `ulaw` and `alaw` (G.711 mu-law / A-law, one byte per sample, headerless, 8 kHz as telephony
+expects; extensions beyond OpenAI's list). PCM is 16-bit signed little-endian without a header.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 from typing import Literal
 
 OUTPUT_SAMPLE_RATE = 24_000
+TELEPHONY_SAMPLE_RATE = 8_000
 
-ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
-RESPONSE_FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+ResponseFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "ulaw", "alaw"]
+RESPONSE_FORMATS: tuple[str, ...] = ("mp3", "opus", "aac", "flac", "wav", "pcm", "ulaw", "alaw")
 
 CONTENT_TYPES: dict[str, str] = {
     "mp3": "audio/mpeg",
@@ -20,7 +22,14 @@ CONTENT_TYPES: dict[str, str] = {
     "flac": "audio/flac",
     "wav": "audio/wav",
     "pcm": "audio/pcm",
+    "ulaw": "audio/basic",  # RFC 2046: 8-bit mu-law, 8 kHz, mono
+    "alaw": "audio/x-alaw-basic",
 }
+
+
+def output_rate(fmt: str) -> int:
+    """The sample rate a response in `fmt` is produced at."""
+    return TELEPHONY_SAMPLE_RATE if fmt in ("ulaw", "alaw") else OUTPUT_SAMPLE_RATE
 
 
 def content_type(fmt: str, sample_rate: int = OUTPUT_SAMPLE_RATE) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 import soxr
 
 from server.audio.encoders import make_encoder, wav_header
-from server.audio.formats import OUTPUT_SAMPLE_RATE
+from server.audio.formats import output_rate
 from server.audio.tempo import TempoStream
 
 
@@ -30,11 +30,12 @@ class Resampler:
 
 
 class OutputPipeline:
-    def __init__(self, fmt: str, in_rate: int, *, speed: float = 1.0, out_rate: int = OUTPUT_SAMPLE_RATE,
+    def __init__(self, fmt: str, in_rate: int, *, speed: float = 1.0, out_rate: int | None = None,
                  num_samples: int | None = None):
-        """num_samples: the exact output length when known in advance (only a whole-body WAV uses it)."""
+        """out_rate: default the format's own (`output_rate`). num_samples: the exact output length when
+        known in advance (only a whole-body WAV uses it)."""
         self.format = fmt
-        self.out_rate = out_rate
+        self.out_rate = out_rate = out_rate or output_rate(fmt)
         self._tempo = TempoStream(in_rate, speed) if abs(speed - 1.0) > 1e-6 else None
         self._resampler = Resampler(in_rate, out_rate)
         self._encoder = make_encoder(fmt, out_rate, num_samples=num_samples)
@@ -61,8 +62,9 @@ class OutputPipeline:
 
 
 def encode_whole(fmt: str, audio: np.ndarray, in_rate: int, *, speed: float = 1.0,
-                 out_rate: int = OUTPUT_SAMPLE_RATE) -> bytes:
+                 out_rate: int | None = None) -> bytes:
     """One-shot encoding of a whole utterance (non-streamed responses): exact WAV sizes."""
+    out_rate = out_rate or output_rate(fmt)
     if fmt == "wav":
         # Run tempo + resampling first to learn the exact length for the header.
         pcm = OutputPipeline("pcm", in_rate, speed=speed, out_rate=out_rate)
