@@ -67,6 +67,8 @@ def default_specs(quick: bool, bundle_theta: float | None) -> list[RuleSpec]:
         RuleSpec("top-k k=3", "topk", {"k": 3}),
         RuleSpec("lantern k=5 δ=0.2", "lantern", {"k": 5, "delta": 0.2}, theta=theta),
         RuleSpec(f"pcg θ={theta:.2f}", "pcg", {}, theta=theta),
+        # a looser table: larger groups, more acceptance, the quality price to measure
+        RuleSpec(f"pcg θ={theta - 0.1:.2f}", "pcg", {}, theta=round(theta - 0.1, 4)),
     ]
     if not quick:
         specs += [
@@ -75,7 +77,7 @@ def default_specs(quick: bool, bundle_theta: float | None) -> list[RuleSpec]:
             RuleSpec("lantern k=10 δ=0.4", "lantern", {"k": 10, "delta": 0.4}, theta=theta),
         ]
         specs += [RuleSpec(f"pcg θ={t:.2f}", "pcg", {}, theta=t) for t in (0.30, 0.35, 0.45, 0.55)
-                  if abs(t - theta) > 1e-6]
+                  if min(abs(t - theta), abs(t - theta + 0.1)) > 1e-6]
     return specs
 
 
