@@ -14,7 +14,7 @@ import torch
 
 # The shipped default sampling: this small model is far more intelligible below the OpenAI-style
 # default of 1.0 (models/demo-en/EVAL.md: WER by temperature) and still ends every utterance by itself.
-SAMPLING_DEFAULTS = {"temperature": 0.6}
+SAMPLING_DEFAULTS = {"temperature": 0.5}
 STAGES = ["corpus", "prepare", "train", "decoder", "draft", "voices", "bundle", "eval"]
 
 
