@@ -90,6 +90,9 @@ class TTSConfig:
     max_waiting: int = 64
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
+    # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
+    # codec's own. Only block codecs (the demo codec) have one.
+    initial_codec_chunk_frames: int | None = None
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
 
@@ -320,6 +323,10 @@ class TTSService:
                                       draft_dir=config.draft_dir)
         family = bundle.load_family()
         codec = bundle.load_codec()
+        if config.initial_codec_chunk_frames is not None:
+            if not hasattr(codec, "gl"):
+                raise ValueError(f"the {bundle.codec_name} codec has no block schedule to set")
+            codec.gl = replace(codec.gl, first_block=config.initial_codec_chunk_frames)
         use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
         asg = config.asg_table or bundle.asg_table
         engine_config = EngineConfig(

@@ -44,6 +44,8 @@ class ServerSettings:
     max_waiting: int = _opt(64, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(1000, "default cap on speech tokens per sentence")
     decode_threads: int = _opt(1, "codec decode threads (streams are spread over them; add with spare cores)")
+    initial_codec_chunk_frames: int | None = _opt(None, "frames in the codec's first block (smaller: earlier "
+                                                       "first audio, thinner early buffer); default: codec's")
     torch_threads: int | None = _opt(None, "torch intra-op threads (default: 1 on CPU, where the engine "
                                            "and codec threads would contend, else torch's; 0 = torch's)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",

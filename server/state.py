@@ -29,7 +29,8 @@ def tts_config(settings: ServerSettings) -> TTSConfig:
         extra_asg_tables=settings.extra_asg_table_paths,
         kv_budget_tokens=settings.kv_budget_tokens, max_num_seqs=settings.max_num_seqs,
         max_waiting=settings.max_waiting, max_tokens=settings.max_tokens,
-        decode_threads=settings.decode_threads)
+        decode_threads=settings.decode_threads,
+        initial_codec_chunk_frames=settings.initial_codec_chunk_frames)
 
 
 class AppState:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -133,3 +134,19 @@ def test_extra_asg_tables_option_names_tables_by_stem_or_given_name():
     assert settings.extra_asg_table_paths == {"asg-0.45": Path("tables/asg-0.45.safetensors"),
                                               "wide": Path("tables/w.safetensors")}
     assert tts_config(settings).extra_asg_tables == settings.extra_asg_table_paths
+
+
+def test_initial_codec_chunk_frames_sets_the_first_block(demo_bundle):
+    from server.state import tts_config
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = settings_from(parser.parse_args(["--initial-codec-chunk-frames", "32"]), {})
+    service = TTSService.load(replace(tts_config(settings), model_dir=demo_bundle))
+    try:
+        gl = service.codec.gl
+        assert gl.first_block == 32 and gl.bounds(0) == (0, 32) and gl.bounds(1) == (32, 64)
+    finally:
+        service.close()
+    with pytest.raises(ValueError):
+        TTSService.load(TTSConfig(model_dir=demo_bundle, initial_codec_chunk_frames=0))

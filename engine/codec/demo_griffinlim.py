@@ -45,6 +45,10 @@ class BlockGLConfig:
     crossfade: int = 320  # samples cross-faded at each block boundary (centred on it)
     first_block: int = 8  # frames of the first block; sizes double from here up to `block`
 
+    def __post_init__(self) -> None:
+        if self.first_block < 1 or self.block < 1:
+            raise ValueError(f"block sizes must be >= 1 frame (first_block={self.first_block})")
+
     def bounds(self, k: int) -> tuple[int, int]:
         """Mel frames [start, end) of block k's final audio."""
         start, size = 0, min(self.first_block, self.block)
