@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import soxr
@@ -92,7 +94,8 @@ def test_streaming_equals_whole_decode(small_codec, whole, chunk):
 def test_first_block_is_small_and_blocks_ramp_up(small_codec, whole):
     codes, audio = whole
     gl, ctx = small_codec.gl, small_codec.decoder.context
-    assert gl.boundaries(200) == [8, 24, 56, 88, 120, 152, 184]
+    assert replace(gl, block=32).boundaries(200) == [8, 24, 56, 88, 120, 152, 184]  # 8, 16, then 32s
+    assert gl.boundaries(60) == [8, 24, 40, 56]  # 8, then 16s
     stream = small_codec.streaming_decoder()
     needed = gl.first_block + gl.right + ctx  # codes before the first audio comes out
     assert stream.push(codes[: needed - 1]).size == 0
