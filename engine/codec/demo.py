@@ -121,11 +121,6 @@ class DemoMelCodec(Codec):
         """Griffin-Lim of any log-mel [frames, n_mels] (e.g. unquantised features) with the same blocks."""
         return BlockGriffinLim(self.spec, self.gl).synthesize_all(log_mel)
 
-    def decode_mel(self, codes: np.ndarray) -> torch.Tensor:
-        """codes int [T] -> decoded log-mel [T, n_mels] (whole sequence at once)."""
-        with torch.no_grad():
-            return self.decoder(torch.as_tensor(np.asarray(codes, dtype=np.int64))[None])[0]
-
     def streaming_decoder(self) -> StreamingDecoder:
         return DemoStreamingDecoder(self)
 
