@@ -130,7 +130,7 @@ def test_streams_decoded_together_equal_each_alone(small_codec, whole, utterance
     for got, want in zip(parts, alone, strict=True):
         got = np.concatenate(got)
         np.testing.assert_allclose(got, want, atol=2e-3)
-        assert np.abs(got - want).mean() < 1e-5
+        assert np.abs(got - want).mean() < 1e-4  # a mixed-up stream differs by ~1e-2
 
 
 def test_block_joins_have_no_jumps(small_codec, whole):

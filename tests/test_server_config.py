@@ -141,11 +141,11 @@ def test_initial_codec_chunk_frames_sets_the_first_block(demo_bundle):
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    settings = settings_from(parser.parse_args(["--initial-codec-chunk-frames", "32"]), {})
+    settings = settings_from(parser.parse_args(["--initial-codec-chunk-frames", "4"]), {})
     service = TTSService.load(replace(tts_config(settings), model_dir=demo_bundle))
     try:
         gl = service.codec.gl
-        assert gl.first_block == 32 and gl.bounds(0) == (0, 32) and gl.bounds(1) == (32, 64)
+        assert gl.first_block == 4 and gl.bounds(0) == (0, 4) and gl.bounds(1) == (4, 12)  # then doubling
     finally:
         service.close()
     with pytest.raises(ValueError):
