@@ -39,23 +39,26 @@ def _load_codec(model: Path | None):
     return ModelBundle.from_dir(model or DEFAULT_MODEL_DIR).load_codec()
 
 
+def _schedules(gl) -> dict:
+    """The codec's own block schedule ("ramped") and the same with a flat first block."""
+    return {"ramped": gl, "flat": replace(gl, first_block=gl.block)}
+
+
 def _decode_steps(codec, seqs: list[np.ndarray], step: int, batched: bool) -> float:
     """Feeds every sequence `step` codes per step, then flushes; seconds of codec work."""
     streams = [codec.streaming_decoder() for _ in seqs]
-    start = time.perf_counter()
-    for pos in range(0, max(len(s) for s in seqs), step):
-        work = [(st, s[pos: pos + step]) for st, s in zip(streams, seqs, strict=True) if pos < len(s)]
+
+    def decode(work: list) -> None:  # one call for all streams, or one call each
         if batched:
             codec.decode_streams(work)
         else:
-            for w in work:
-                codec.decode_streams([w])
-    final = [(st, None) for st in streams]
-    if batched:
-        codec.decode_streams(final)
-    else:
-        for w in final:
-            codec.decode_streams([w])
+            for one in work:
+                codec.decode_streams([one])
+
+    start = time.perf_counter()
+    for pos in range(0, max(len(s) for s in seqs), step):
+        decode([(st, s[pos: pos + step]) for st, s in zip(streams, seqs, strict=True) if pos < len(s)])
+    decode([(st, None) for st in streams])
     return time.perf_counter() - start
 
 
@@ -78,7 +81,7 @@ def _service_ttfa(model: Path | None, requests: int) -> dict:
 
     service = TTSService.load(TTSConfig(**({"model_dir": model} if model else {})))
     ramped = service.codec.gl
-    schedules = {"ramped": ramped, "flat": replace(ramped, first_block=ramped.block)}
+    schedules = _schedules(ramped)
     texts = ["The little boat drifted slowly towards the shore.", "Please bring the blue folder tomorrow.",
              "A quiet voice answered from the hall.", "We met at noon and walked to the market."]
 
@@ -133,7 +136,7 @@ def run(args: argparse.Namespace) -> dict:
     gl = getattr(codec, "gl", None)
     if gl is not None:  # the demo codec: ramped first block vs a flat schedule
         codes = rng.integers(0, codec.codebook_size, size=frames)
-        for name, cfg in (("ramped", gl), ("flat", replace(gl, first_block=gl.block))):
+        for name, cfg in _schedules(gl).items():
             codec.gl = cfg
             runs = [_first_audio(codec, codes) for _ in range(args.repeats)]
             row = {"schedule": name, "first_block": cfg.first_block, "codes_before_audio": runs[0][0],

@@ -129,17 +129,22 @@ class Engine:
             self._rules[key] = make_rule(name, **params)
         return self._rules[key]
 
-    def _asg_table(self, name: str | None = None):
+    def _asg_table_path(self, name: str | None) -> tuple[str, Path]:
+        """(name, file) of the table called `name` (None = the default); ValueError if there is none."""
         paths = self.asg_table_paths
         if not paths:
             raise ValueError("this acceptance rule needs an ASG table (EngineConfig.asg_table)")
         name = name or next(iter(paths))
         if name not in paths:
             raise ValueError(f"no ASG table named {name!r}; this engine has {sorted(paths)}")
+        return name, paths[name]
+
+    def _asg_table(self, name: str | None = None):
+        name, path = self._asg_table_path(name)
         if name not in self._tables:
             from asg_tables import ASGTable  # only deployments using group rules need it
 
-            table = ASGTable.load(paths[name])
+            table = ASGTable.load(path)
             self._tables[name] = table.to(self.device) if hasattr(table, "to") else table
         return self._tables[name]
 
@@ -189,9 +194,8 @@ class Engine:
         if params.num_speculative_tokens is not None and params.num_speculative_tokens > self.gamma:
             raise ValueError(f"num_speculative_tokens {params.num_speculative_tokens} exceeds this engine's "
                              f"γ = {self.gamma}")
-        if params.asg_table is not None and params.asg_table not in self.asg_table_paths:
-            raise ValueError(f"no ASG table named {params.asg_table!r}; this engine has "
-                             f"{sorted(self.asg_table_paths)}")
+        if params.asg_table is not None:
+            self._asg_table_path(params.asg_table)
         return prompt_ids
 
     def abort(self, request_id: str) -> bool:

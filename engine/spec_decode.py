@@ -109,16 +109,16 @@ class SpeculativeDecoder:
         hidden = self.target.forward(ids, positions, torch.ones_like(ids, dtype=torch.bool), t_tables)
         target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
 
-        # 3. verify, 4. roll back.
-        tokens, accepted = self._verify(seqs, sampler, drafts, draft_probs, target_probs)
+        # 3. verify (each row up to its own γ), 4. roll back.
+        row_gammas = [min(g, s.params.num_speculative_tokens or g) for s in seqs]
+        tokens, accepted = self._verify(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
         emitted = [row[:k + 1] for row, k in zip(tokens.tolist(), accepted.tolist(), strict=True)]
         num_accepted = [len(e) - 1 for e in emitted]
         for s, k in zip(seqs, num_accepted, strict=True):
             s.target.num_computed = s.length + g
             s.target.roll_back(self.target.blocks, s.length + k)
             s.draft.roll_back(self.draft.blocks, s.length + k)
-        drafted = [min(g, s.params.num_speculative_tokens or g) for s in seqs]
-        return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=drafted)
+        return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=row_gammas)
 
     @staticmethod
     def _verify_generator(generator: torch.Generator) -> torch.Generator:
@@ -128,17 +128,16 @@ class SpeculativeDecoder:
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
         return torch.Generator(device=generator.device).manual_seed(seed)
 
-    def _verify(self, seqs, sampler, drafts, draft_probs, target_probs):
+    def _verify(self, seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
         """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing all three
         share one call. A row with γ_i < γ is verified on its first γ_i drafts, and p at position γ_i is
         its bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
         g = self.gamma
         rules: dict[int, AcceptanceRule] = {}
         groups: dict[tuple[int, int, int], list[int]] = {}
-        for i, (s, gen) in enumerate(zip(seqs, sampler.generators, strict=True)):
+        for i, (s, row_gamma, gen) in enumerate(zip(seqs, row_gammas, sampler.generators, strict=True)):
             rule = self.rule_for(s.params.acceptance or "", s.params.asg_table)
             rules[id(rule)] = rule
-            row_gamma = min(g, s.params.num_speculative_tokens or g)
             groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
         if len(groups) == 1 and next(iter(groups))[1] == g:
             (rule_id, _, _), = groups

@@ -8,7 +8,6 @@ import queue
 import threading
 import time
 import weakref
-from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -55,7 +54,6 @@ class DecodePool:
         self._next = itertools.cycle(range(len(self._queues)))
         self._pinned: weakref.WeakKeyDictionary[StreamingDecoder, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self.batch_sizes: deque[int] = deque(maxlen=1000)  # streams per codec call, latest last
         self.stats = CodecStats()  # running totals, read by the metrics endpoint
         for thread in self._threads:
             thread.start()
@@ -101,7 +99,6 @@ class DecodePool:
                 results = [((np.asarray(a, dtype=np.float32), share), None) for a in audio]
             except Exception as exc:  # handed to every stream of the batch (their decoders' state is unknown)
                 results = [(None, exc)] * len(batch)
-            self.batch_sizes.append(len(batch))
             self.stats.record(len(batch), time.perf_counter() - start)
             for (_, _, loop, future), (result, error) in zip(batch, results, strict=True):
                 try:

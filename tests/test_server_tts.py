@@ -112,9 +112,10 @@ def test_concurrent_streams_share_batched_codec_calls(tts_service):
     async def together():
         return await asyncio.gather(*(one(i) for i in range(4)))
 
-    tts_service.decoder.batch_sizes.clear()
+    before = tts_service.codec_stats()
     shared = asyncio.run(together())
-    assert max(tts_service.decoder.batch_sizes) > 1
+    after = tts_service.codec_stats()
+    assert after.stream_jobs - before.stream_jobs > after.calls - before.calls  # some call served >1 stream
     for i, audio in enumerate(shared):
         alone = asyncio.run(one(i))
         assert audio.shape == alone.shape
