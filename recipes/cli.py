@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="stop target training after this long (a later run resumes from the checkpoint)")
     demo.add_argument("--max-steps", type=int, default=defaults.max_steps)
     demo.add_argument("--decay-steps", type=int, default=defaults.decay_steps)
+    demo.add_argument("--lr", type=float, default=defaults.lr,
+                      help="the target's peak learning rate (a resumed run uses it from its next step)")
     demo.add_argument("--draft-steps", type=int, default=defaults.draft_steps)
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
@@ -42,7 +44,7 @@ def run_demo(args: argparse.Namespace) -> int:
     cfg = RecipeConfig(run_dir=args.run_dir, model_dir=args.model_dir, seed=args.seed,
                        num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
                        train_minutes=args.train_minutes, max_steps=args.max_steps,
-                       decay_steps=args.decay_steps, draft_steps=args.draft_steps,
+                       decay_steps=args.decay_steps, lr=args.lr, draft_steps=args.draft_steps,
                        threads=args.threads)
     run(cfg, args.stages or STAGES)
     return 0

@@ -63,3 +63,26 @@ def test_constrained_generation_follows_the_text(bundle):
         assert markers == expected
     audio = codec.decode(family.tokens_to_codes(out))
     assert audio.shape == (len(family.tokens_to_codes(out)) * 320,) and np.isfinite(audio).all()
+
+
+def test_sampled_speech_keeps_every_phoneme_within_its_duration_cap(bundle):
+    from engine import Engine, EngineConfig, SamplingParams
+
+    family = bundle.load_family()
+    texts = ["The rain in the valley fell all night.", "A small boat drifted past the harbour wall."]
+    prompts = [family.build_prompt(t, None) for t in texts]
+    caps = [p.constraint.max_frames for p in prompts]
+    assert all(c is not None for cs in caps for c in cs)  # the bundle caps every phoneme it can speak
+    engine = Engine(EngineConfig(target=str(bundle.target_dir), draft=str(bundle.draft_dir),
+                                 acceptance="pcg", asg_table=str(bundle.asg_table), num_speculative_tokens=3))
+    params = [SamplingParams(temperature=1.0, max_tokens=1000, stop_token_ids=p.stop_token_ids, seed=s,
+                             constraint=p.constraint) for s, p in enumerate(prompts)]
+    for gen, cap in zip(engine.generate([p.token_ids for p in prompts], params), caps, strict=True):
+        assert gen.finish_reason == "stop"
+        runs: list[int] = []  # frames after each marker
+        for t in gen.token_ids[:-1]:
+            if t in family.vocab.marker_ids:
+                runs.append(0)
+            else:
+                runs[-1] += 1
+        assert len(runs) == len(cap) and all(r <= c for r, c in zip(runs, cap, strict=True))

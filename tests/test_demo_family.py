@@ -121,3 +121,56 @@ def test_split_text_keeps_every_word_in_clause_sized_chunks():
     chunks = DemoPhonemeFamily.split_text(text)
     assert " ".join(chunks).split() == text.split()
     assert all(len(c.split()) <= 16 for c in chunks)
+
+
+def test_a_phoneme_at_its_cap_ends_and_the_last_one_ends_speech():
+    off = VOCAB.code_offset
+    constraint = MarkerMergeConstraint(VOCAB, [16, 17], max_frames=[2, 1])
+    logits = torch.randn(4, VOCAB.vocab_size, generator=torch.Generator().manual_seed(2))
+    histories = [[16, off + 1], [16, off + 1, off + 2], [16, off, off, 17, off + 3], [16, off, 17]]
+    q = _probs(constraint.apply(logits.clone(), histories))
+    uncapped = _probs(MarkerMergeConstraint(VOCAB, [16, 17]).apply(logits.clone(), histories))
+    assert torch.equal(q[0], uncapped[0]) and torch.equal(q[3], uncapped[3])  # below the cap: as before
+    assert q[1, 17].item() == 1.0  # 2 frames of the first phoneme: its cap, the next marker is forced
+    assert q[2, END].item() == 1.0  # the last phoneme at its cap ends the utterance
+    assert constraint.position(histories[2]) == (2, 1)
+
+
+def test_capped_sampling_never_exceeds_a_cap_and_always_ends():
+    gen = torch.Generator().manual_seed(3)
+    expected, caps = [16, 17, 18, 19], [3, None, 0, 2]
+    constraint = MarkerMergeConstraint(VOCAB, expected, max_frames=caps)
+    bias = torch.zeros(VOCAB.vocab_size)
+    bias[VOCAB.code_offset:] = 4.0  # the model would rather keep speaking than advance
+    for _ in range(200):
+        history: list[int] = []
+        while not history or history[-1] != END:
+            logits = constraint.apply(torch.randn(1, VOCAB.vocab_size, generator=gen) + bias, [history])
+            history.append(int(torch.multinomial(torch.softmax(logits[0], -1), 1, generator=gen)))
+            assert len(history) < 200
+        runs: list[int] = []  # frames after each marker
+        for t in history[:-1]:
+            if t < VOCAB.code_offset:
+                runs.append(0)
+            else:
+                runs[-1] += 1
+        assert [t for t in history if t < VOCAB.code_offset] == expected + [END]
+        for frames, cap in zip(runs, caps, strict=True):
+            assert cap is None or frames <= cap
+    with pytest.raises(ValueError):
+        MarkerMergeConstraint(VOCAB, expected, max_frames=[1])
+
+
+def test_family_reads_duration_caps_by_phoneme(tmp_path):
+    import json
+
+    vocab = DemoVocab(phonemes=tuple(sorted(set(phonemize("Hello world.")))), codebook_size=64)
+    vocab.save(tmp_path / "family.json")
+    spec = json.loads((tmp_path / "family.json").read_text())
+    caps = {p: 3 + i for i, p in enumerate(vocab.phonemes[:-1])}  # the last phoneme has no cap
+    (tmp_path / "family.json").write_text(json.dumps({**spec, "max_phoneme_frames": caps}))
+    family = DemoPhonemeFamily.from_dir(tmp_path)
+    prompt = family.build_prompt("Hello world.", None)
+    assert prompt.constraint.max_frames == [caps.get(p) for p in phonemize("Hello world.")]
+    assert DemoPhonemeFamily(vocab).build_prompt("Hello world.", None).constraint.max_frames == \
+        [None] * len(phonemize("Hello world."))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from engine.speech.demo_layout import END, SPEECH, DemoVocab, prompt_tokens
@@ -101,3 +102,33 @@ def test_draft_is_the_targets_first_layer_with_shared_head():
     assert set(d) <= set(t)
     assert all(torch.equal(d[k], t[k]) for k in d)
     assert "model.layers.0.self_attn.q_proj.weight" in d and "model.layers.1.self_attn.q_proj.weight" not in d
+
+
+def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():
+    from engine.speech.demo_layout import speech_tokens
+    from recipes.demo.durations import duration_caps, phoneme_frames
+
+    utts = _utts(n=200)
+    counted: dict[int, list[int]] = {}  # frames after each marker, read off the training layout itself
+    for pids, starts, codes in zip(utts.phoneme_ids, utts.starts, utts.codes, strict=True):
+        marker = None
+        for t in speech_tokens(VOCAB, pids, starts, codes)[:-1]:
+            if t < VOCAB.code_offset:
+                marker = t
+                counted.setdefault(marker, []).append(0)
+            else:
+                counted[marker][-1] += 1
+    frames = phoneme_frames(utts)
+    assert {p: sorted(v.tolist()) for p, v in frames.items()} == {p: sorted(v) for p, v in counted.items()}
+    caps = duration_caps(VOCAB, utts, percentile=90)
+    for pid, v in counted.items():
+        cap = caps[VOCAB.phonemes[pid - 16]]
+        assert np.mean(np.array(v) <= cap) >= 0.9 and np.mean(np.array(v) <= cap - 1) < 0.9
+
+
+def test_expected_speedup_matches_the_closed_form_and_its_limits():
+    from recipes.demo.report import expected_speedup
+
+    assert expected_speedup(0.0, 0.25, 3) == pytest.approx(1 / 1.75)  # every draft wasted: pay for γ drafts
+    assert expected_speedup(1.0, 0.0, 3) == 4.0  # free draft, all accepted: γ+1 tokens per forward
+    assert expected_speedup(0.5, 0.2, 3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / 1.6)

@@ -2,8 +2,9 @@
 
 Text -> espeak-ng phonemes (engine.speech.demo_espeak, the code the corpus was made with) -> prompt of
 reference codes + phonemes (engine.speech.demo_layout); generation is constrained by the marker merge
-(engine.speech.demo_constraint). Bundle files used: `family.json` (the vocabulary) and `voices/` (preset
-voices, each `<name>.json` with codes and transcript, and `<name>.wav`).
+with per-phoneme duration caps (engine.speech.demo_constraint). Bundle files used: `family.json` (the
+vocabulary, default voice and `max_phoneme_frames`) and `voices/` (preset voices, each `<name>.json` with
+codes and transcript, and `<name>.wav`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ class DemoPhonemeFamily(SpeechFamily):
     name = "demo-phoneme"
 
     def __init__(self, vocab: DemoVocab, voices: dict[str, VoicePrompt] | None = None,
-                 default_voice: str | None = None):
+                 default_voice: str | None = None, max_phoneme_frames: dict[str, int] | None = None):
+        """max_phoneme_frames: phoneme mnemonic -> most frames it may take (the duration caps)."""
         self.vocab = vocab
         self.voices = voices or {}
         self.default_voice = default_voice or (sorted(self.voices)[0] if self.voices else None)
+        caps = max_phoneme_frames or {}
+        ids = vocab.phoneme_ids(list(vocab.phonemes))
+        self._cap_of_id = {pid: caps[p] for p, pid in zip(vocab.phonemes, ids, strict=True) if p in caps}
 
     @classmethod
     def from_dir(cls, root: str | Path) -> DemoPhonemeFamily:
@@ -39,7 +44,7 @@ class DemoPhonemeFamily(SpeechFamily):
         vocab = DemoVocab.load(root / FAMILY_FILE)
         voices = load_voices(root / "voices") if (root / "voices").is_dir() else {}
         spec = json.loads((root / FAMILY_FILE).read_text())
-        return cls(vocab, voices, spec.get("default_voice"))
+        return cls(vocab, voices, spec.get("default_voice"), spec.get("max_phoneme_frames"))
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -57,7 +62,8 @@ class DemoPhonemeFamily(SpeechFamily):
             raise ValueError(f"no speakable phonemes in {text!r}")
         ids = prompt_tokens(self.vocab, None if voice is None else voice.codes, phonemes)
         return SpeechPrompt(token_ids=ids, stop_token_ids=self.stop_token_ids,
-                            constraint=MarkerMergeConstraint(self.vocab, phonemes))
+                            constraint=MarkerMergeConstraint(self.vocab, phonemes,
+                                                             [self._cap_of_id.get(p) for p in phonemes]))
 
     def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
         return self.vocab.codes_of(token_ids)

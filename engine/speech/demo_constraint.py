@@ -1,14 +1,23 @@
-"""The marker-merge decode constraint of the demo phoneme family.
+"""The marker-merge decode constraint of the demo phoneme family, with per-phoneme duration caps.
 
 The model decides WHEN to advance to the next phoneme, the text decides WHAT comes next: all probability
 the model puts on any marker token (or on <end>) is moved onto the expected next marker (<end> once every
 phoneme has been spoken). The first generated token is always the first phoneme's marker, and special
-tokens that never occur in generated speech are masked. A pure function of (history, logits), so the
-engine can apply it identically to draft and target logits.
+tokens that never occur in generated speech are masked.
+
+Duration caps: a phoneme that has already taken its cap of frames (the bundle's `max_phoneme_frames`, a high
+percentile of that phoneme's durations in the training corpus) is ended, i.e. the next marker is forced.
+Without them the model, fed its own samples, sometimes stays in a phoneme far longer than any training
+utterance does and drifts into loops (models/demo-en/README.md measures both). It also bounds every
+utterance's length by the text.
+
+A pure function of (history, logits), so the engine applies it identically to draft and target logits and
+speculative decoding stays exact with respect to the constrained target.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -18,11 +27,17 @@ from engine.speech.demo_layout import END, DemoVocab
 
 
 class MarkerMergeConstraint(DecodeConstraint):
-    def __init__(self, vocab: DemoVocab, expected_markers: Sequence[int]):
+    def __init__(self, vocab: DemoVocab, expected_markers: Sequence[int],
+                 max_frames: Sequence[int | None] | None = None):
+        """max_frames[k]: most frames the k-th expected phoneme may take (None or absent: no cap)."""
         if not expected_markers:
             raise ValueError("the text has no phonemes")
+        if max_frames is not None and len(max_frames) != len(expected_markers):
+            raise ValueError("max_frames needs one entry per expected marker")
         self.expected = list(expected_markers) + [END]  # expected[k] follows k spoken markers
+        self.max_frames = list(max_frames) if max_frames is not None else [None] * len(expected_markers)
         self.marker_lo, self.marker_hi = vocab.marker_ids.start, vocab.marker_ids.stop
+        self.code_lo = vocab.code_offset
         merge = torch.zeros(vocab.vocab_size, dtype=torch.bool)
         merge[self.marker_lo:self.marker_hi] = True
         merge[END] = True
@@ -31,21 +46,48 @@ class MarkerMergeConstraint(DecodeConstraint):
         self._merge = merge  # [V] tokens whose mass moves to the expected marker
         self._blocked = ~(allowed | merge)  # [V] specials that never occur in generated speech
 
+    def without_caps(self) -> MarkerMergeConstraint:
+        """The same constraint with no duration caps (to measure what they do)."""
+        out = copy.copy(self)
+        out.max_frames = [None] * len(self.max_frames)
+        return out
+
+    def position(self, history: Sequence[int]) -> tuple[int, int]:
+        """(markers spoken so far, frames since the last of them)."""
+        spoken = run = 0
+        for t in history:
+            if self.marker_lo <= t < self.marker_hi:
+                spoken, run = spoken + 1, 0
+            elif t >= self.code_lo:
+                run += 1
+        return spoken, run
+
     def next_marker(self, history: Sequence[int]) -> int:
-        spoken = sum(1 for t in history if self.marker_lo <= t < self.marker_hi)
-        return self.expected[min(spoken, len(self.expected) - 1)]
+        return self.expected[min(self.position(history)[0], len(self.expected) - 1)]
+
+    def _must_advance(self, spoken: int, run: int) -> bool:
+        if not 1 <= spoken <= len(self.max_frames):
+            return False
+        cap = self.max_frames[spoken - 1]
+        return cap is not None and run >= cap
 
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         # logits: [n, V]
         n = logits.shape[0]
         merge, blocked = self._merge.to(logits.device), self._blocked.to(logits.device)
         neg_inf = torch.finfo(logits.dtype).min
-        target = torch.tensor([self.next_marker(h) for h in histories], device=logits.device)  # [n]
+        positions = [self.position(h) for h in histories]
+        target = torch.tensor([self.expected[min(s, len(self.expected) - 1)] for s, _ in positions],
+                              device=logits.device)  # [n]
         merged = torch.logsumexp(logits.masked_fill(~merge, float("-inf")), dim=-1)  # [n]
         out = logits.masked_fill(merge | blocked, neg_inf)
-        out[torch.arange(n, device=logits.device), target] = merged.to(out.dtype)
-        first = torch.tensor([len(h) == 0 for h in histories], device=logits.device)  # [n]
-        if first.any():  # speech always opens with the first phoneme's marker
-            out[first] = neg_inf
-            out[first, self.expected[0]] = 0.0
+        rows = torch.arange(n, device=logits.device)
+        out[rows, target] = merged.to(out.dtype)
+        # speech opens with the first phoneme's marker; a phoneme at its cap ends
+        forced = torch.tensor([len(h) == 0 or self._must_advance(s, r)
+                               for h, (s, r) in zip(histories, positions, strict=True)],
+                              device=logits.device)  # [n]
+        if forced.any():
+            out[forced] = neg_inf
+            out[rows[forced], target[forced]] = 0.0
         return out

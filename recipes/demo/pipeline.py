@@ -30,6 +30,7 @@ class RecipeConfig:
     train_minutes: float | None = None  # stop the target's training after this long (resumable)
     max_steps: int = 1500  # the shipped target: 1,500 steps of 12 utterances (see models/demo-en/README.md)
     decay_steps: int = 450
+    lr: float = 1.5e-3  # the target's peak learning rate
     draft_steps: int = 400
     workers: int = 2
     threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
@@ -65,7 +66,8 @@ def stage_train(cfg: RecipeConfig) -> None:
     data = load_data(cfg.run_dir)
     init = cfg.init_from / "target" if cfg.init_from else None
     train(cfg.run_dir / "target", data["vocab"], data["train"], data["val"], ModelSize(),
-          TrainConfig(seed=cfg.seed, max_steps=cfg.max_steps, decay_steps=cfg.decay_steps),
+          TrainConfig(seed=cfg.seed, max_steps=cfg.max_steps, decay_steps=cfg.decay_steps,
+                      lr=cfg.lr),
           init_from=init, device=cfg.device, time_budget_min=cfg.train_minutes)
 
 
@@ -133,6 +135,7 @@ def stage_bundle(cfg: RecipeConfig) -> None:
     import shutil
 
     from recipes.demo.asg import build_table
+    from recipes.demo.durations import duration_caps
     from recipes.demo.report import plot_losses
 
     model_dir, export_dir = cfg.model_dir, cfg.run_dir / "export"
@@ -141,11 +144,13 @@ def stage_bundle(cfg: RecipeConfig) -> None:
                       ("codec", cfg.run_dir / "codec_final")):
         shutil.rmtree(model_dir / name, ignore_errors=True)
         shutil.copytree(src, model_dir / name, ignore=shutil.ignore_patterns("generation_config.json"))
-    vocab = load_data(cfg.run_dir)["vocab"]
+    data = load_data(cfg.run_dir)
+    vocab = data["vocab"]
     vocab.save(model_dir / "family.json")
     family = json.loads((model_dir / "family.json").read_text())
     voices = sorted(p.stem for p in (model_dir / "voices").glob("*.json"))
     family["default_voice"] = voices[0] if voices else None
+    family["max_phoneme_frames"] = duration_caps(vocab, data["train"])
     (model_dir / "family.json").write_text(json.dumps(family, indent=1))
     tables = build_table(model_dir, vocab)
     manifest = {"family": "demo-phoneme", "target": "target", "draft": "draft", "codec": "codec",

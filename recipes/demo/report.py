@@ -45,6 +45,14 @@ def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+def expected_speedup(alpha: float, cost_ratio: float, gamma: int) -> float:
+    """Leviathan et al.'s speed-up estimate: tokens per step (1 - α^(γ+1)) / (1 - α) over the step's cost
+    γ·c + 1 in target forwards, i.e. assuming a (γ+1)-token verify costs one target forward (memory-bound,
+    as on a GPU; on this CPU it costs about 2x) and acceptances independent with rate α."""
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * cost_ratio + 1)
+
+
 def _target_row(label: str, r: dict) -> str:
     return (f"| {label} | {_fmt(r['wer'])} | {_fmt(r['ended_share'], 2)} | "
             f"{_fmt(r['duration_ratio_median'], 2)} | {_fmt(r['duration_within_30pct'], 2)} |")
@@ -65,6 +73,9 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
               "| seed | WER | ends by itself | median duration / espeak | within ±30% |",
               "|---|---|---|---|---|"]
     lines += [_target_row(str(r["seed"]), r) for r in report["target"]]
+    if "target_uncapped" in report:
+        uncapped = report["target_uncapped"]
+        lines.append(_target_row(f"{uncapped['seed']} (no duration caps)", uncapped))
     lines += [_target_row(f"{r['seed']} (T={r['temperature']})", r)
               for r in report.get("target_other_temperatures", [])]
     if "draft_alone" in report:
@@ -74,7 +85,10 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
                   f"- exact speculative decoding, γ=3: α = {_fmt(s['alpha'])} "
                   f"({s['accepted']}/{s['drafted']}), WER {_fmt(s['wer'])}",
                   f"- per-token cost (one sequence, same engine): target {c['target'] * 1e3:.2f} ms, "
-                  f"draft {c['draft'] * 1e3:.2f} ms, ratio {_fmt(c['ratio'])}"]
+                  f"draft {c['draft'] * 1e3:.2f} ms, ratio {_fmt(c['ratio'])}",
+                  f"- expected speed-up at this α and cost ratio if a 4-token verify cost one target forward "
+                  f"(GPU-like): {expected_speedup(s['alpha'], c['ratio'], 3):.2f}x; measured here, where it "
+                  f"does not: {s['target_only_seconds'] / s['generate_seconds']:.2f}x"]
     cl = report["cloning"]
     lines += ["", "## Voice cloning (held-out speakers)", "",
               f"- own speaker more similar than every preset voice: {_fmt(cl['win_share'], 2)} of {cl['n']} "
