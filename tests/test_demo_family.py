@@ -174,3 +174,26 @@ def test_family_reads_duration_caps_by_phoneme(tmp_path):
     assert prompt.constraint.max_frames == [caps.get(p) for p in phonemize("Hello world.")]
     assert DemoPhonemeFamily(vocab).build_prompt("Hello world.", None).constraint.max_frames == \
         [None] * len(phonemize("Hello world."))
+
+
+def test_constraint_memo_gives_the_same_positions_as_a_full_scan():
+    # a request's calls as the engine makes them: committed output + 0..k drafts, drafts sometimes rejected
+    rng = np.random.default_rng(4)
+    constraint = MarkerMergeConstraint(VOCAB, [16] * 50, max_frames=[4] * 50)
+    fresh = MarkerMergeConstraint(VOCAB, [16] * 50, max_frames=[4] * 50)
+    committed: list[int] = []
+
+    def token() -> int:
+        return 16 if rng.random() < 0.3 else VOCAB.code_offset + int(rng.integers(0, 64))
+
+    for _ in range(60):
+        drafts = [token() for _ in range(3)]
+        for k in range(3):
+            constraint.apply(torch.zeros(1, VOCAB.vocab_size), [committed + drafts[:k]])
+        histories = [committed + drafts[:i] for i in range(4)] + [[token()] + committed]  # one unrelated
+        logits = torch.randn(len(histories), VOCAB.vocab_size, generator=torch.Generator().manual_seed(5))
+        unmemoised = MarkerMergeConstraint(VOCAB, [16] * 50, max_frames=[4] * 50)  # no earlier calls
+        assert torch.equal(constraint.apply(logits.clone(), histories),
+                           unmemoised.apply(logits.clone(), histories))
+        assert constraint._positions(histories) == [fresh.position(h) for h in histories]
+        committed += drafts[:int(rng.integers(0, 4))] + [token()]

@@ -45,6 +45,9 @@ class MarkerMergeConstraint(DecodeConstraint):
         allowed[vocab.code_offset:] = True
         self._merge = merge  # [V] tokens whose mass moves to the expected marker
         self._blocked = ~(allowed | merge)  # [V] specials that never occur in generated speech
+        # (history, its position) of recent calls: a new history that extends one of them is scanned only
+        # past it, so a step costs O(new tokens), not O(length), per position; checked by prefix equality
+        self._memo: list[tuple[list[int], int, int]] = []
 
     def without_caps(self) -> MarkerMergeConstraint:
         """The same constraint with no duration caps (to measure what they do)."""
@@ -54,13 +57,26 @@ class MarkerMergeConstraint(DecodeConstraint):
 
     def position(self, history: Sequence[int]) -> tuple[int, int]:
         """(markers spoken so far, frames since the last of them)."""
-        spoken = run = 0
-        for t in history:
+        return self._scan(history, 0, 0, 0)
+
+    def _scan(self, history: Sequence[int], start: int, spoken: int, run: int) -> tuple[int, int]:
+        for t in history[start:]:
             if self.marker_lo <= t < self.marker_hi:
                 spoken, run = spoken + 1, 0
             elif t >= self.code_lo:
                 run += 1
         return spoken, run
+
+    def _positions(self, histories: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+        """position() of each history. The engine passes one request's committed output plus 0..k of its
+        drafts, so every history extends the shortest, and that one extends an earlier call's."""
+        base = list(min(histories, key=len))
+        known = max((m for m in self._memo if len(m[0]) <= len(base) and base[:len(m[0])] == m[0]),
+                    key=lambda m: len(m[0]), default=([], 0, 0))
+        spoken, run = self._scan(base, len(known[0]), known[1], known[2])
+        self._memo = [*self._memo[-3:], (base, spoken, run)]
+        n = len(base)
+        return [self._scan(h, n, spoken, run) if list(h[:n]) == base else self.position(h) for h in histories]
 
     def next_marker(self, history: Sequence[int]) -> int:
         return self.expected[min(self.position(history)[0], len(self.expected) - 1)]
@@ -76,7 +92,7 @@ class MarkerMergeConstraint(DecodeConstraint):
         n = logits.shape[0]
         merge, blocked = self._merge.to(logits.device), self._blocked.to(logits.device)
         neg_inf = torch.finfo(logits.dtype).min
-        positions = [self.position(h) for h in histories]
+        positions = self._positions(histories)
         target = torch.tensor([self.expected[min(s, len(self.expected) - 1)] for s, _ in positions],
                               device=logits.device)  # [n]
         merged = torch.logsumexp(logits.masked_fill(~merge, float("-inf")), dim=-1)  # [n]
