@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recipes.demo.pipeline import STAGES, RecipeConfig
+from recipes.demo.pipeline import STAGES, RecipeConfig, TrainPhase
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,10 +26,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="start the target from this bundle's weights (e.g. models/demo-en), not scratch")
     demo.add_argument("--train-minutes", type=float, default=None,
                       help="stop target training after this long (a later run resumes from the checkpoint)")
-    demo.add_argument("--max-steps", type=int, default=defaults.max_steps)
-    demo.add_argument("--decay-steps", type=int, default=defaults.decay_steps)
-    demo.add_argument("--lr", type=float, default=defaults.lr,
-                      help="the target's peak learning rate (a resumed run uses it from its next step)")
+    demo.add_argument("--max-steps", type=int, default=None,
+                      help="train the target in one cycle up to this step instead of the shipped schedule")
+    demo.add_argument("--decay-steps", type=int, default=None, help="with --max-steps (default: 20%% of it)")
+    demo.add_argument("--lr", type=float, default=None,
+                      help=f"with --max-steps: peak learning rate (default {defaults.phases[-1].lr}); "
+                           "a resumed run uses it from its next step")
     demo.add_argument("--draft-steps", type=int, default=defaults.draft_steps)
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
@@ -41,10 +43,15 @@ def run_demo(args: argparse.Namespace) -> int:
     unknown = [s for s in args.stages if s not in STAGES]
     if unknown:
         raise SystemExit(f"unknown stage(s) {unknown}; stages are {STAGES}")
+    phases = RecipeConfig().phases
+    if args.max_steps is not None:
+        phases = (TrainPhase(args.max_steps, args.decay_steps or args.max_steps // 5,
+                             args.lr or phases[-1].lr),)
+    elif args.decay_steps is not None or args.lr is not None:
+        raise SystemExit("--decay-steps and --lr go with --max-steps")
     cfg = RecipeConfig(run_dir=args.run_dir, model_dir=args.model_dir, seed=args.seed,
                        num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
-                       train_minutes=args.train_minutes, max_steps=args.max_steps,
-                       decay_steps=args.decay_steps, lr=args.lr, draft_steps=args.draft_steps,
+                       train_minutes=args.train_minutes, phases=phases, draft_steps=args.draft_steps,
                        threads=args.threads)
     run(cfg, args.stages or STAGES)
     return 0

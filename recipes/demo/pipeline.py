@@ -7,6 +7,7 @@ eval. Working files live in the run directory (git-ignored); the bundle is writt
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,21 @@ import torch
 # default of 1.0 (models/demo-en/EVAL.md: WER by temperature) and still ends every utterance by itself.
 SAMPLING_DEFAULTS = {"temperature": 0.5}
 STAGES = ["corpus", "prepare", "train", "decoder", "draft", "voices", "bundle", "eval"]
+
+
+@dataclass(frozen=True)
+class TrainPhase:
+    """One warmup-stable-decay cycle of the target's training, up to step `max_steps`."""
+
+    max_steps: int
+    decay_steps: int
+    lr: float
+
+
+# The shipped target's schedule (models/demo-en/README.md): three cycles, each resuming the checkpoint of
+# the one before; the second and third re-raise the learning rate. Batches are a function of the step, so
+# a rerun sees the same data in the same order.
+SHIPPED_PHASES = (TrainPhase(1500, 450, 1.5e-3), TrainPhase(4600, 900, 1.5e-3), TrainPhase(6300, 600, 8e-4))
 
 
 @dataclass
@@ -28,10 +44,8 @@ class RecipeConfig:
     device: str = "cpu"
     init_from: Path | None = None  # a shipped bundle whose target weights start training
     train_minutes: float | None = None  # stop the target's training after this long (resumable)
-    max_steps: int = 1500  # the shipped target: 1,500 steps of 12 utterances (see models/demo-en/README.md)
-    decay_steps: int = 450
-    lr: float = 1.5e-3  # the target's peak learning rate
-    draft_steps: int = 400
+    phases: tuple[TrainPhase, ...] = SHIPPED_PHASES  # batches of 12 utterances
+    draft_steps: int = 1200
     workers: int = 2
     threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
     extra: dict = field(default_factory=dict)
@@ -65,10 +79,16 @@ def stage_train(cfg: RecipeConfig) -> None:
         torch.set_num_threads(cfg.threads)
     data = load_data(cfg.run_dir)
     init = cfg.init_from / "target" if cfg.init_from else None
-    train(cfg.run_dir / "target", data["vocab"], data["train"], data["val"], ModelSize(),
-          TrainConfig(seed=cfg.seed, max_steps=cfg.max_steps, decay_steps=cfg.decay_steps,
-                      lr=cfg.lr),
-          init_from=init, device=cfg.device, time_budget_min=cfg.train_minutes)
+    deadline = None if cfg.train_minutes is None else time.time() + 60 * cfg.train_minutes
+    for phase in cfg.phases:
+        budget = None if deadline is None else max(0.0, (deadline - time.time()) / 60)
+        step = train(cfg.run_dir / "target", data["vocab"], data["train"], data["val"], ModelSize(),
+                     TrainConfig(seed=cfg.seed, max_steps=phase.max_steps, decay_steps=phase.decay_steps,
+                                 lr=phase.lr),
+                     init_from=init, device=cfg.device, time_budget_min=budget)
+        if step < phase.max_steps:  # stopped early (time budget, SIGTERM): a later run resumes this phase
+            print(f"[train] stopped at step {step} of phase {phase}", flush=True)
+            return
 
 
 def stage_decoder(cfg: RecipeConfig) -> None:

@@ -84,8 +84,8 @@ def validation_loss(model, vocab: DemoVocab, utts: Utterances, seed: int, batch_
 
 def train(out_dir: Path, vocab: DemoVocab, train_utts: Utterances, val_utts: Utterances, size: ModelSize,
           cfg: TrainConfig, *, init_from: Path | None = None, device: str = "cpu",
-          time_budget_min: float | None = None) -> Path:
-    """Train (or resume) into out_dir/ckpt.pt; returns the checkpoint path."""
+          time_budget_min: float | None = None) -> int:
+    """Train (or resume) into out_dir/ckpt.pt; returns the step reached (< cfg.max_steps if stopped early)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / "ckpt.pt"
     torch.manual_seed(cfg.seed)
@@ -148,7 +148,7 @@ def train(out_dir: Path, vocab: DemoVocab, train_utts: Utterances, val_utts: Utt
             last_save = time.time()
     save()
     print(f"[train] saved step {step}", flush=True)
-    return ckpt_path
+    return step
 
 
 def export(ckpt_path: Path, out_dir: Path, dtype: torch.dtype = torch.float16) -> None:
