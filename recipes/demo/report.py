@@ -93,5 +93,10 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
     lines += ["", "## Voice cloning (held-out speakers)", "",
               f"- own speaker more similar than every preset voice: {_fmt(cl['win_share'], 2)} of {cl['n']} "
               f"utterances (median margin {_fmt(cl['margin_median'])})"]
+    if "ceiling_win_share" in cl:
+        c = cl["ceiling_win_share"]
+        lines.append(f"- the same test on those speakers' real espeak-ng audio of the same texts: "
+                     f"{_fmt(c['original'], 2)}; through the codec (encode, decode): "
+                     f"{_fmt(c['codec_round_trip'], 2)}. That is what this metric reaches with these voices")
     lines += ["", "Loss curves: `loss_curves.png`. Raw numbers: `eval.json`.", ""]
     (model_dir / "EVAL.md").write_text("\n".join(lines))
