@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
-from engine.speech.demo_layout import END
+from engine.speech.demo_layout import END, phoneme_runs
 
 MODEL_DIR = Path(os.environ.get("PCGTTS_DEMO_MODEL_DIR", DEFAULT_MODEL_DIR))
 pytestmark = pytest.mark.skipif(not (MODEL_DIR / "pcgtts.json").exists(), reason="demo bundle not built")
@@ -79,10 +79,5 @@ def test_sampled_speech_keeps_every_phoneme_within_its_duration_cap(bundle):
                              constraint=p.constraint) for s, p in enumerate(prompts)]
     for gen, cap in zip(engine.generate([p.token_ids for p in prompts], params), caps, strict=True):
         assert gen.finish_reason == "stop"
-        runs: list[int] = []  # frames after each marker
-        for t in gen.token_ids[:-1]:
-            if t in family.vocab.marker_ids:
-                runs.append(0)
-            else:
-                runs[-1] += 1
+        runs = [frames for _, frames in phoneme_runs(family.vocab, gen.token_ids)]
         assert len(runs) == len(cap) and all(r <= c for r, c in zip(runs, cap, strict=True))

@@ -18,6 +18,7 @@ from engine.speech.demo_layout import (
     SPEECH,
     TEXT,
     DemoVocab,
+    phoneme_runs,
     prompt_tokens,
     speech_tokens,
 )
@@ -148,14 +149,8 @@ def test_capped_sampling_never_exceeds_a_cap_and_always_ends():
             logits = constraint.apply(torch.randn(1, VOCAB.vocab_size, generator=gen) + bias, [history])
             history.append(int(torch.multinomial(torch.softmax(logits[0], -1), 1, generator=gen)))
             assert len(history) < 200
-        runs: list[int] = []  # frames after each marker
-        for t in history[:-1]:
-            if t < VOCAB.code_offset:
-                runs.append(0)
-            else:
-                runs[-1] += 1
         assert [t for t in history if t < VOCAB.code_offset] == expected + [END]
-        for frames, cap in zip(runs, caps, strict=True):
+        for (_, frames), cap in zip(phoneme_runs(VOCAB, history), caps, strict=True):
             assert cap is None or frames <= cap
     with pytest.raises(ValueError):
         MarkerMergeConstraint(VOCAB, expected, max_frames=[1])
@@ -197,3 +192,9 @@ def test_constraint_memo_gives_the_same_positions_as_a_full_scan():
                            unmemoised.apply(logits.clone(), histories))
         assert constraint._positions(histories) == [fresh.position(h) for h in histories]
         committed += drafts[:int(rng.integers(0, 4))] + [token()]
+
+
+def test_phoneme_runs_read_the_speech_layout_back():
+    codes = np.array([5, 6, 7, 8, 9])
+    toks = speech_tokens(VOCAB, [16, 17, 18], np.array([1, 3, 3]), codes)
+    assert phoneme_runs(VOCAB, toks) == [(16, 3), (17, 0), (18, 2)]

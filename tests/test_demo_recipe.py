@@ -105,19 +105,14 @@ def test_draft_is_the_targets_first_layer_with_shared_head():
 
 
 def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():
-    from engine.speech.demo_layout import speech_tokens
+    from engine.speech.demo_layout import phoneme_runs, speech_tokens
     from recipes.demo.durations import duration_caps, phoneme_frames
 
     utts = _utts(n=200)
     counted: dict[int, list[int]] = {}  # frames after each marker, read off the training layout itself
     for pids, starts, codes in zip(utts.phoneme_ids, utts.starts, utts.codes, strict=True):
-        marker = None
-        for t in speech_tokens(VOCAB, pids, starts, codes)[:-1]:
-            if t < VOCAB.code_offset:
-                marker = t
-                counted.setdefault(marker, []).append(0)
-            else:
-                counted[marker][-1] += 1
+        for marker, frames in phoneme_runs(VOCAB, speech_tokens(VOCAB, pids, starts, codes)):
+            counted.setdefault(marker, []).append(frames)
     frames = phoneme_frames(utts)
     assert {p: sorted(v.tolist()) for p, v in frames.items()} == {p: sorted(v) for p, v in counted.items()}
     caps = duration_caps(VOCAB, utts, percentile=90)

@@ -89,3 +89,14 @@ def speech_tokens(vocab: DemoVocab, phoneme_ids: list[int], starts: np.ndarray,
         out.extend(code_toks[bounds[i]:bounds[i + 1]])
     out.append(END)
     return out
+
+
+def phoneme_runs(vocab: DemoVocab, tokens) -> list[tuple[int, int]]:
+    """Generated speech -> (marker id, frames after it) per marker, in order (speech_tokens read back)."""
+    runs: list[tuple[int, int]] = []
+    for t in tokens:
+        if t in vocab.marker_ids:
+            runs.append((t, 0))
+        elif t >= vocab.code_offset and runs:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+    return runs
