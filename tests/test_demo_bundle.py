@@ -65,19 +65,20 @@ def test_constrained_generation_follows_the_text(bundle):
     assert audio.shape == (len(family.tokens_to_codes(out)) * 320,) and np.isfinite(audio).all()
 
 
-def test_sampled_speech_keeps_every_phoneme_within_its_duration_cap(bundle):
+def test_sampled_speech_keeps_every_phoneme_within_its_duration_bounds(bundle):
     from engine import Engine, EngineConfig, SamplingParams
 
     family = bundle.load_family()
+    assert family.durations is not None  # the bundle ships a duration model
     texts = ["The rain in the valley fell all night.", "A small boat drifted past the harbour wall."]
     prompts = [family.build_prompt(t, None) for t in texts]
-    caps = [p.constraint.max_frames for p in prompts]
-    assert all(c is not None for cs in caps for c in cs)  # the bundle caps every phoneme it can speak
+    bounds = [list(zip(p.constraint.min_frames, p.constraint.max_frames, strict=True)) for p in prompts]
+    assert all(hi is not None and lo <= hi for b in bounds for lo, hi in b)
     engine = Engine(EngineConfig(target=str(bundle.target_dir), draft=str(bundle.draft_dir),
                                  acceptance="pcg", asg_table=str(bundle.asg_table), num_speculative_tokens=3))
     params = [SamplingParams(temperature=1.0, max_tokens=1000, stop_token_ids=p.stop_token_ids, seed=s,
                              constraint=p.constraint) for s, p in enumerate(prompts)]
-    for gen, cap in zip(engine.generate([p.token_ids for p in prompts], params), caps, strict=True):
+    for gen, bound in zip(engine.generate([p.token_ids for p in prompts], params), bounds, strict=True):
         assert gen.finish_reason == "stop"
         runs = [frames for _, frames in phoneme_runs(family.vocab, gen.token_ids)]
-        assert len(runs) == len(cap) and all(r <= c for r, c in zip(runs, cap, strict=True))
+        assert len(runs) == len(bound) and all(lo <= r <= hi for r, (lo, hi) in zip(runs, bound, strict=True))

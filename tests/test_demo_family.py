@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -198,3 +200,57 @@ def test_phoneme_runs_read_the_speech_layout_back():
     codes = np.array([5, 6, 7, 8, 9])
     toks = speech_tokens(VOCAB, [16, 17, 18], np.array([1, 3, 3]), codes)
     assert phoneme_runs(VOCAB, toks) == [(16, 3), (17, 0), (18, 2)]
+
+
+def test_a_phoneme_below_its_minimum_goes_on():
+    off = VOCAB.code_offset
+    constraint = MarkerMergeConstraint(VOCAB, [16, 17], max_frames=[3, 1], min_frames=[2, 1])
+    unbounded = MarkerMergeConstraint(VOCAB, [16, 17])
+    logits = torch.randn(4, VOCAB.vocab_size, generator=torch.Generator().manual_seed(4))
+    histories = [[16, off + 1], [16, off + 1, off + 2], [16, off, off, 17], [16, off, off, 17, off]]
+    q = _probs(constraint.apply(logits.clone(), histories))
+    free = _probs(unbounded.apply(logits.clone(), histories))
+    assert q[0, 17].item() == 0.0  # 1 frame of a 2-frame minimum: the phoneme cannot end yet
+    codes = free[0, off:] / free[0, off:].sum()
+    assert torch.allclose(q[0, off:], codes)  # ...and the codes keep their relative odds
+    assert torch.equal(q[1], free[1])  # at the minimum, below the cap: as without bounds
+    assert q[2, END].item() == 0.0 and q[3, END].item() == 1.0  # min 1 = cap 1: exactly one frame
+    unbound = constraint.without_caps()
+    assert unbound.min_frames == [0, 0] and unbound.max_frames == [None, None]
+
+
+def test_equal_bounds_give_exact_durations_whatever_the_model_prefers():
+    gen = torch.Generator().manual_seed(5)
+    expected, frames = [16, 17, 18, 19], [3, 0, 2, 1]
+    constraint = MarkerMergeConstraint(VOCAB, expected, max_frames=frames, min_frames=frames)
+    for sign in (4.0, -4.0):  # the model would rather keep speaking / rather advance
+        bias = torch.zeros(VOCAB.vocab_size)
+        bias[VOCAB.code_offset:] = sign
+        for _ in range(50):
+            history: list[int] = []
+            while not history or history[-1] != END:
+                logits = constraint.apply(torch.randn(1, VOCAB.vocab_size, generator=gen) + bias, [history])
+                history.append(int(torch.multinomial(torch.softmax(logits[0], -1), 1, generator=gen)))
+            assert [n for _, n in phoneme_runs(VOCAB, history)] == frames
+
+
+def test_family_bounds_each_phoneme_by_the_duration_models_window(tmp_path):
+    import json
+
+    from engine.speech.demo_durations import DurationConfig, DurationModel
+
+    text = "Hello world."
+    vocab = DemoVocab(phonemes=tuple(sorted(set(phonemize(text)))), codebook_size=64)
+    vocab.save(tmp_path / "family.json")
+    spec = json.loads((tmp_path / "family.json").read_text())
+    (tmp_path / "family.json").write_text(json.dumps({**spec, "duration_window": 0.25}))
+    torch.manual_seed(0)
+    model = DurationModel(DurationConfig(codebook_size=64, dim=16, layers=1, heads=2, log_bias=1.5))
+    model.save(tmp_path / "duration")
+    family = DemoPhonemeFamily.from_dir(tmp_path)
+    voice = VoicePrompt(codes=np.arange(40) % 64, transcript="")
+    constraint = family.build_prompt(text, voice).constraint
+    frames = model.eval().predict(family.phoneme_ids(text), voice.codes)
+    assert sum(frames) > 0 and family.durations.predict(family.phoneme_ids(text), voice.codes) == frames
+    assert constraint.min_frames == [math.floor(n * 0.75) for n in frames]
+    assert constraint.max_frames == [math.ceil(n * 1.25) for n in frames]

@@ -121,9 +121,46 @@ def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():
         assert np.mean(np.array(v) <= cap) >= 0.9 and np.mean(np.array(v) <= cap - 1) < 0.9
 
 
-def test_expected_speedup_matches_the_closed_form_and_its_limits():
+def test_expected_speedup_is_tokens_per_step_over_the_step_cost():
     from recipes.demo.report import expected_speedup
 
-    assert expected_speedup(0.0, 0.25, 3) == pytest.approx(1 / 1.75)  # every draft wasted: pay for γ drafts
-    assert expected_speedup(1.0, 0.0, 3) == 4.0  # free draft, all accepted: γ+1 tokens per forward
-    assert expected_speedup(0.5, 0.2, 3) == pytest.approx((1 + 0.5 + 0.25 + 0.125) / 1.6)
+    assert expected_speedup(1.0, 0.25, 3) == pytest.approx(1 / 1.75)  # drafts wasted: pay for γ of them
+    assert expected_speedup(4.0, 0.0, 3) == 4.0  # free draft, all accepted: γ+1 tokens per forward
+    assert expected_speedup(1.875, 0.2, 3) == pytest.approx(1.875 / 1.6)
+
+
+def test_whole_frames_round_phoneme_boundaries_not_each_duration():
+    from engine.speech.demo_durations import whole_frames
+
+    frames = torch.tensor([[0.4, 0.4, 0.4, 2.6, 9.0], [1.5, 1.5, 0.0, 0.0, 0.0]])
+    valid = torch.tensor([[True] * 4 + [False], [True, True, False, False, False]])
+    out = whole_frames(torch.log1p(frames), valid)
+    assert out.tolist() == [[0, 1, 0, 3, 0], [2, 1, 0, 0, 0]]  # ends round(0.4, 0.8, 1.2, 3.8) = 0, 1, 1, 4
+    assert out.sum(1).tolist() == [4, 3]  # each utterance keeps its rounded total length
+
+
+def test_duration_model_learns_phoneme_durations_at_the_references_rate(tmp_path):
+    """Synthetic corpus: a phoneme's frames = its base duration x its speaker's rate; each speaker's codes
+    come from its own band, so the reference clip tells the rate. The model must use both."""
+    from engine.speech.demo_durations import DurationConfig
+    from recipes.demo.train_durations import duration_errors, train_durations
+
+    rng = np.random.default_rng(0)
+    base, rate = rng.integers(1, 6, 10), np.array([1, 2, 3])
+    def corpus(n):
+        ph, st, co, spk = [], [], [], []
+        for _ in range(n):
+            s, pids = int(rng.integers(0, 3)), rng.integers(0, 10, int(rng.integers(4, 9)))
+            frames = base[pids] * rate[s]
+            ph.append((16 + pids).tolist())
+            st.append(np.concatenate([[0], np.cumsum(frames)[:-1]]))
+            co.append(s * 10 + rng.integers(0, 10, int(frames.sum())))
+            spk.append(s)
+        return Utterances(ph, st, co, np.array(spk))
+    train, val = corpus(300), corpus(60)
+    config = DurationConfig(codebook_size=32, dim=32, layers=2, heads=2)
+    model = train_durations(train, val, 32, tmp_path, steps=500, batch_size=16, lr=3e-3, config=config)
+    errors = duration_errors(model, val)
+    per_phoneme_mean = np.mean(base * rate.mean())  # a rate-blind model's typical error scale
+    assert errors["frames_mae"] < 0.15 * per_phoneme_mean and errors["length_error_median"] < 0.1
+    assert (tmp_path / "model.safetensors").exists()

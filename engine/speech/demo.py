@@ -2,14 +2,17 @@
 
 Text -> espeak-ng phonemes (engine.speech.demo_espeak, the code the corpus was made with) -> prompt of
 reference codes + phonemes (engine.speech.demo_layout); generation is constrained by the marker merge
-with per-phoneme duration caps (engine.speech.demo_constraint). Bundle files used: `family.json` (the
-vocabulary, default voice and `max_phoneme_frames`) and `voices/` (preset voices, each `<name>.json` with
-codes and transcript, and `<name>.wav`).
+(engine.speech.demo_constraint), each phoneme ending within a window around the duration model's
+prediction for that text and voice (engine.speech.demo_durations), or within the corpus's per-phoneme
+caps when the bundle has no duration model. Bundle files used: `family.json` (the vocabulary, default
+voice, `duration_window` and `max_phoneme_frames`), `duration/` (the duration model) and `voices/` (preset
+voices, each `<name>.json` with codes and transcript, and `<name>.wav`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,10 +21,12 @@ import numpy as np
 
 from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
 from engine.speech.demo_constraint import MarkerMergeConstraint
+from engine.speech.demo_durations import DurationModel
 from engine.speech.demo_espeak import phonemize
 from engine.speech.demo_layout import END, DemoVocab, prompt_tokens
 
 FAMILY_FILE = "family.json"
+DURATION_DIR = "duration"
 MAX_WORDS_PER_CHUNK = 16  # the model was trained on clauses of 4-14 words
 
 
@@ -29,14 +34,18 @@ class DemoPhonemeFamily(SpeechFamily):
     name = "demo-phoneme"
 
     def __init__(self, vocab: DemoVocab, voices: dict[str, VoicePrompt] | None = None,
-                 default_voice: str | None = None, max_phoneme_frames: dict[str, int] | None = None):
-        """max_phoneme_frames: phoneme mnemonic -> most frames it may take (the duration caps)."""
+                 default_voice: str | None = None, max_phoneme_frames: dict[str, int] | None = None,
+                 durations: DurationModel | None = None, duration_window: float = 0.0):
+        """max_phoneme_frames: phoneme mnemonic -> most frames it may take (the duration caps, used when
+        there is no duration model); durations: predicts each phoneme's frames, and the phoneme then ends
+        within ±duration_window (a fraction, at least ±0 frames) of its prediction."""
         self.vocab = vocab
         self.voices = voices or {}
         self.default_voice = default_voice or (sorted(self.voices)[0] if self.voices else None)
         caps = max_phoneme_frames or {}
         ids = vocab.phoneme_ids(list(vocab.phonemes))
         self._cap_of_id = {pid: caps[p] for p, pid in zip(vocab.phonemes, ids, strict=True) if p in caps}
+        self.durations, self.duration_window = durations, duration_window
 
     @classmethod
     def from_dir(cls, root: str | Path) -> DemoPhonemeFamily:
@@ -44,7 +53,20 @@ class DemoPhonemeFamily(SpeechFamily):
         vocab = DemoVocab.load(root / FAMILY_FILE)
         voices = load_voices(root / "voices") if (root / "voices").is_dir() else {}
         spec = json.loads((root / FAMILY_FILE).read_text())
-        return cls(vocab, voices, spec.get("default_voice"), spec.get("max_phoneme_frames"))
+        durations = DurationModel.load(root / DURATION_DIR) if (root / DURATION_DIR).is_dir() else None
+        return cls(vocab, voices, spec.get("default_voice"), spec.get("max_phoneme_frames"), durations,
+                   spec.get("duration_window", 0.0))
+
+    def constraint(self, phonemes: list[int], voice: VoicePrompt | None,
+                   durations: bool = True) -> MarkerMergeConstraint:
+        """The decode constraint for `phonemes` spoken in `voice`: duration windows around the duration
+        model's predictions, else (or with durations False) the corpus caps."""
+        if self.durations is None or not durations:
+            return MarkerMergeConstraint(self.vocab, phonemes, [self._cap_of_id.get(p) for p in phonemes])
+        frames = self.durations.predict(phonemes, None if voice is None else voice.codes)
+        w = self.duration_window
+        return MarkerMergeConstraint(self.vocab, phonemes, [math.ceil(n * (1 + w)) for n in frames],
+                                     [math.floor(n * (1 - w)) for n in frames])
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -62,8 +84,7 @@ class DemoPhonemeFamily(SpeechFamily):
             raise ValueError(f"no speakable phonemes in {text!r}")
         ids = prompt_tokens(self.vocab, None if voice is None else voice.codes, phonemes)
         return SpeechPrompt(token_ids=ids, stop_token_ids=self.stop_token_ids,
-                            constraint=MarkerMergeConstraint(self.vocab, phonemes,
-                                                             [self._cap_of_id.get(p) for p in phonemes]))
+                            constraint=self.constraint(phonemes, voice))
 
     def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
         return self.vocab.codes_of(token_ids)

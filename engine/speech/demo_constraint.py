@@ -9,7 +9,9 @@ Duration caps: a phoneme that has already taken its cap of frames (the bundle's 
 percentile of that phoneme's durations in the training corpus) is ended, i.e. the next marker is forced.
 Without them the model, fed its own samples, sometimes stays in a phoneme far longer than any training
 utterance does and drifts into loops (models/demo-en/README.md measures both). It also bounds every
-utterance's length by the text.
+utterance's length by the text. Duration windows: with a duration model (engine/speech/demo_durations.py)
+the family gives every phoneme of the text both a minimum and a maximum, so it ends inside a window
+around its predicted duration.
 
 A pure function of (history, logits), so the engine applies it identically to draft and target logits and
 speculative decoding stays exact with respect to the constrained target.
@@ -28,14 +30,17 @@ from engine.speech.demo_layout import END, DemoVocab
 
 class MarkerMergeConstraint(DecodeConstraint):
     def __init__(self, vocab: DemoVocab, expected_markers: Sequence[int],
-                 max_frames: Sequence[int | None] | None = None):
-        """max_frames[k]: most frames the k-th expected phoneme may take (None or absent: no cap)."""
+                 max_frames: Sequence[int | None] | None = None, min_frames: Sequence[int] | None = None):
+        """max_frames[k]: most frames the k-th expected phoneme may take (None or absent: no cap);
+        min_frames[k]: fewest frames it must take before it may end (absent: 0)."""
         if not expected_markers:
             raise ValueError("the text has no phonemes")
-        if max_frames is not None and len(max_frames) != len(expected_markers):
-            raise ValueError("max_frames needs one entry per expected marker")
+        for name, bound in (("max_frames", max_frames), ("min_frames", min_frames)):
+            if bound is not None and len(bound) != len(expected_markers):
+                raise ValueError(f"{name} needs one entry per expected marker")
         self.expected = list(expected_markers) + [END]  # expected[k] follows k spoken markers
         self.max_frames = list(max_frames) if max_frames is not None else [None] * len(expected_markers)
+        self.min_frames = list(min_frames) if min_frames is not None else [0] * len(expected_markers)
         self.marker_lo, self.marker_hi = vocab.marker_ids.start, vocab.marker_ids.stop
         self.code_lo = vocab.code_offset
         merge = torch.zeros(vocab.vocab_size, dtype=torch.bool)
@@ -50,9 +55,10 @@ class MarkerMergeConstraint(DecodeConstraint):
         self._memo: list[tuple[list[int], int, int]] = []
 
     def without_caps(self) -> MarkerMergeConstraint:
-        """The same constraint with no duration caps (to measure what they do)."""
+        """The same constraint with no duration bounds (to measure what they do)."""
         out = copy.copy(self)
         out.max_frames = [None] * len(self.max_frames)
+        out.min_frames = [0] * len(self.min_frames)
         return out
 
     def position(self, history: Sequence[int]) -> tuple[int, int]:
@@ -87,6 +93,9 @@ class MarkerMergeConstraint(DecodeConstraint):
         cap = self.max_frames[spoken - 1]
         return cap is not None and run >= cap
 
+    def _may_advance(self, spoken: int, run: int) -> bool:
+        return not 1 <= spoken <= len(self.min_frames) or run >= self.min_frames[spoken - 1]
+
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         # logits: [n, V]
         n = logits.shape[0]
@@ -99,11 +108,17 @@ class MarkerMergeConstraint(DecodeConstraint):
         out = logits.masked_fill(merge | blocked, neg_inf)
         rows = torch.arange(n, device=logits.device)
         out[rows, target] = merged.to(out.dtype)
-        # speech opens with the first phoneme's marker; a phoneme at its cap ends
+        # speech opens with the first phoneme's marker; a phoneme at its cap ends, one short of its minimum
+        # goes on (a cap wins over a minimum)
         forced = torch.tensor([len(h) == 0 or self._must_advance(s, r)
                                for h, (s, r) in zip(histories, positions, strict=True)],
                               device=logits.device)  # [n]
+        held = torch.tensor([not f and not self._may_advance(s, r)
+                             for f, (s, r) in zip(forced.tolist(), positions, strict=True)],
+                            device=logits.device)  # [n]
         if forced.any():
             out[forced] = neg_inf
             out[rows[forced], target[forced]] = 0.0
+        if held.any():
+            out[rows[held], target[held]] = neg_inf
         return out

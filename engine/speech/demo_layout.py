@@ -80,8 +80,7 @@ def speech_tokens(vocab: DemoVocab, phoneme_ids: list[int], starts: np.ndarray,
     starts: int [N] first frame of each phoneme (non-decreasing); frames before starts[1] belong to the
     first phoneme, frames from starts[-1] on to the last.
     """
-    bounds = np.append(np.asarray(starts, dtype=np.int64), len(codes))
-    bounds[0] = 0
+    bounds = np.append(0, np.cumsum(phoneme_durations(starts, len(codes))))
     code_toks = vocab.code_tokens(codes)
     out: list[int] = []
     for i, pid in enumerate(phoneme_ids):
@@ -89,6 +88,14 @@ def speech_tokens(vocab: DemoVocab, phoneme_ids: list[int], starts: np.ndarray,
         out.extend(code_toks[bounds[i]:bounds[i + 1]])
     out.append(END)
     return out
+
+
+def phoneme_durations(starts: np.ndarray, num_frames: int) -> np.ndarray:
+    """int [N] frames each phoneme takes in the layout, from its start frames (non-decreasing, [N]): frames
+    before starts[1] belong to the first phoneme, frames from starts[-1] on to the last."""
+    bounds = np.append(np.asarray(starts, dtype=np.int64), num_frames)
+    bounds[0] = 0
+    return np.diff(bounds)
 
 
 def phoneme_runs(vocab: DemoVocab, tokens) -> list[tuple[int, int]]:

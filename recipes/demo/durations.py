@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.speech.demo_layout import PHONEME_OFFSET, DemoVocab
+from engine.speech.demo_layout import PHONEME_OFFSET, DemoVocab, phoneme_durations
 from recipes.demo.lm_data import Utterances
 
 CAP_PERCENTILE = 95.0
@@ -19,9 +19,7 @@ def phoneme_frames(utts: Utterances) -> dict[int, np.ndarray]:
     """phoneme id -> int [occurrences] frames each occurrence takes (as laid out by speech_tokens)."""
     frames: dict[int, list[int]] = {}
     for pids, starts, codes in zip(utts.phoneme_ids, utts.starts, utts.codes, strict=True):
-        bounds = np.append(np.asarray(starts, dtype=np.int64), len(codes))
-        bounds[0] = 0  # frames before the second phoneme belong to the first, as in the layout
-        for pid, n in zip(pids, np.diff(bounds), strict=True):
+        for pid, n in zip(pids, phoneme_durations(starts, len(codes)), strict=True):
             frames.setdefault(int(pid), []).append(int(n))
     return {pid: np.array(v) for pid, v in frames.items()}
 

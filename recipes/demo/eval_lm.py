@@ -1,8 +1,8 @@
 """Offline evaluation of the demo bundle (held-out sentences): the issue's quality gates, measured.
 
 * target-only: Whisper tiny.en WER, share of utterances that end by themselves (<end>), duration vs
-  espeak-ng's for the same text and voice; several seeds at one temperature, and once without the
-  constraint's duration caps;
+  espeak-ng's for the same text and voice; several seeds at one temperature, and once each with the LM
+  deciding when phonemes end (within the corpus's duration caps, and with no bounds at all);
 * voice cloning: held-out speakers' clips as prompts; resemblyzer similarity to that speaker (another real
   clip of it) vs to every preset voice;
 * draft alone (WER), exact speculative decoding at γ=3 (acceptance rate α) and the draft/target per-token
@@ -45,10 +45,16 @@ def _engine(bundle: ModelBundle, *, draft: bool, target_dir: Path | None = None,
                                acceptance="exact", num_speculative_tokens=gamma if draft else 0))
 
 
-def _generate(engine: Engine, family, items: list[Item], temperature: float, seed: int, caps: bool = True):
-    """caps False: the marker merge without the bundle's duration caps."""
+def _generate(engine: Engine, family, items: list[Item], temperature: float, seed: int,
+              timing: str = "bundle"):
+    """timing: who decides when each phoneme ends. "bundle": as shipped (the duration model's windows);
+    "caps": the LM, within the corpus's per-phoneme caps; "free": the LM alone (no duration bounds)."""
     prompts = [family.build_prompt(it.text, it.voice) for it in items]
-    if not caps:
+    if timing == "caps":
+        prompts = [replace(p, constraint=family.constraint(family.phoneme_ids(it.text), it.voice,
+                                                           durations=False))
+                   for p, it in zip(prompts, items, strict=True)]
+    elif timing == "free":
         prompts = [replace(p, constraint=p.constraint.without_caps()) for p in prompts]
     params = [SamplingParams(temperature=temperature, max_tokens=MAX_TOKENS, stop_token_ids=p.stop_token_ids,
                              seed=seed * 100003 + i, constraint=p.constraint) for i, p in enumerate(prompts)]
@@ -154,8 +160,10 @@ def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1
         print(f"[eval] target seed {s}: WER {runs[-1]['wer']:.3f} ended {runs[-1]['ended_share']:.2f}",
               flush=True)
     report["target"] = runs
-    gens, secs = _generate(target_engine, family, items, temperature, seeds[0], caps=False)
-    report["target_uncapped"] = score(gens, items, family, codec, transcriber) | {"seed": seeds[0]}
+    for timing in ("caps", "free"):  # what the duration model does: the LM's own timing, capped and not
+        gens, secs = _generate(target_engine, family, items, temperature, seeds[0], timing=timing)
+        scores = score(gens, items, family, codec, transcriber)
+        report[f"target_timing_{timing}"] = scores | {"seed": seeds[0]}
     for t in extra_temperatures:  # intelligibility rises as temperature falls: one seed at each
         gens, secs = _generate(target_engine, family, items, t, seeds[0])
         report.setdefault("target_other_temperatures", []).append(
@@ -168,8 +176,10 @@ def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1
         gens, secs = _generate(spec_engine, family, items, temperature, seeds[0])
         drafted = sum(g.num_drafted for g in gens)
         accepted = sum(g.num_accepted for g in gens)
+        steps = sum(g.num_steps for g in gens)  # verify steps; each emits its accepted drafts + 1 token
         report["speculative_exact_gamma3"] = score(gens, items, family, codec, transcriber) | {
-            "alpha": accepted / max(1, drafted), "drafted": drafted, "accepted": accepted,
+            "alpha": accepted / max(1, drafted), "drafted": drafted, "accepted": accepted, "steps": steps,
+            "tokens_per_step": 1 + accepted / max(1, steps),
             "generate_seconds": secs, "target_only_seconds": runs[0]["generate_seconds"]}
         print(f"[eval] exact γ=3 α {accepted / max(1, drafted):.3f}", flush=True)
         report["cost_per_token"] = per_token_cost(bundle, family, items)

@@ -39,12 +39,7 @@ class Utterances:
 def example(vocab: DemoVocab, utts: Utterances, i: int, ref: int | None, rng: np.random.Generator,
             corrupt: bool) -> tuple[list[int], list[int]]:
     """(input ids, labels) for target utterance i spoken after reference utterance `ref`."""
-    ref_codes = None
-    if ref is not None:
-        rc = utts.codes[ref]
-        off = int(rng.integers(0, max(1, len(rc) - MAX_REF_FRAMES + 1)))
-        ref_codes = rc[off:off + MAX_REF_FRAMES]
-    prompt = prompt_tokens(vocab, ref_codes, utts.phoneme_ids[i])
+    prompt = prompt_tokens(vocab, reference_clip(utts, ref, rng), utts.phoneme_ids[i])
     speech = speech_tokens(vocab, utts.phoneme_ids[i], utts.starts[i], utts.codes[i])
     inputs = np.array(prompt + speech[:-1], dtype=np.int64)
     labels = np.array([IGNORE] * (len(prompt) - 1) + speech, dtype=np.int64)
@@ -54,6 +49,15 @@ def example(vocab: DemoVocab, utts: Utterances, i: int, ref: int | None, rng: np
         flip = is_code & (rng.random(len(part)) < CORRUPT_RATE)
         part[flip] = vocab.code_offset + rng.integers(0, vocab.codebook_size, int(flip.sum()))
     return inputs.tolist(), labels.tolist()
+
+
+def reference_clip(utts: Utterances, ref: int | None, rng: np.random.Generator) -> np.ndarray | None:
+    """int [≤ MAX_REF_FRAMES] codes: a random window of utterance `ref` (None: no reference)."""
+    if ref is None:
+        return None
+    codes = utts.codes[ref]
+    off = int(rng.integers(0, max(1, len(codes) - MAX_REF_FRAMES + 1)))
+    return codes[off:off + MAX_REF_FRAMES]
 
 
 def pick_reference(utts: Utterances, groups: dict[int, np.ndarray], i: int, rng: np.random.Generator):

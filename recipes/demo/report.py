@@ -45,12 +45,12 @@ def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def expected_speedup(alpha: float, cost_ratio: float, gamma: int) -> float:
-    """Leviathan et al.'s speed-up estimate: tokens per step (1 - α^(γ+1)) / (1 - α) over the step's cost
-    γ·c + 1 in target forwards, i.e. assuming a (γ+1)-token verify costs one target forward (memory-bound,
-    as on a GPU; on this CPU it costs about 2x) and acceptances independent with rate α."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return tokens / (gamma * cost_ratio + 1)
+def expected_speedup(tokens_per_step: float, cost_ratio: float, gamma: int) -> float:
+    """Speed-up over target-only decoding if a (γ+1)-token verify cost one target forward (memory-bound, as
+    on a GPU; on this CPU it costs about 2x): tokens per step over the step's cost γ·c + 1 target forwards.
+    Take tokens_per_step as measured (1 + accepted / steps): the accepted/drafted rate counts every draft
+    after a rejection as rejected, so it is not Leviathan's per-token α."""
+    return tokens_per_step / (gamma * cost_ratio + 1)
 
 
 def _target_row(label: str, r: dict) -> str:
@@ -69,13 +69,20 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
                   "| audio | WER |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v['wer'])} |" for k, v in c.items() if isinstance(v, dict) and "wer" in v]
         lines += ["", f"Chosen decoder: {c.get('chosen')}.", ""]
+    durations = run_dir / "duration" / "train.json"
+    if durations.exists():
+        held_out = json.loads(durations.read_text())["held_out"]
+        lines += ["## Duration model (held-out utterances)", "",
+                  f"Mean absolute error {_fmt(held_out['frames_mae'], 2)} frames per phoneme; median error "
+                  f"of an utterance's length {100 * held_out['length_error_median']:.1f}%.", ""]
     lines += ["## Target only", "",
               "| seed | WER | ends by itself | median duration / espeak | within ±30% |",
               "|---|---|---|---|---|"]
     lines += [_target_row(str(r["seed"]), r) for r in report["target"]]
-    if "target_uncapped" in report:
-        uncapped = report["target_uncapped"]
-        lines.append(_target_row(f"{uncapped['seed']} (no duration caps)", uncapped))
+    for key, label in (("target_timing_caps", "LM's own timing within the p95 duration caps"),
+                       ("target_timing_free", "LM's own timing, no duration bounds")):
+        if key in report:
+            lines.append(_target_row(f"{report[key]['seed']} ({label})", report[key]))
     lines += [_target_row(f"{r['seed']} (T={r['temperature']})", r)
               for r in report.get("target_other_temperatures", [])]
     if "draft_alone" in report:
@@ -83,12 +90,20 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
         lines += ["", "## Draft and speculation", "",
                   f"- draft alone: WER {_fmt(d['wer'])}, ends by itself {_fmt(d['ended_share'], 2)}",
                   f"- exact speculative decoding, γ=3: α = {_fmt(s['alpha'])} "
-                  f"({s['accepted']}/{s['drafted']}), WER {_fmt(s['wer'])}",
-                  f"- per-token cost (one sequence, same engine): target {c['target'] * 1e3:.2f} ms, "
+                  f"({s['accepted']}/{s['drafted']} drafts accepted: vLLM's draft acceptance rate), "
+                  f"{_fmt(s['tokens_per_step'], 2)} tokens per verify step "
+                  f"(1 + accepted / {s['steps']} steps: vLLM's mean acceptance length), WER {_fmt(s['wer'])}"]
+        acceptance = run_dir / "draft" / "acceptance.json"
+        if acceptance.exists():
+            per_token = json.loads(acceptance.read_text())["held_out_per_token_alpha"]
+            lines.append(f"- per-token acceptance Σ min(p, q), teacher-forced on held-out utterances "
+                         f"(Leviathan et al.'s α): {_fmt(per_token)}")
+        gpu_like = expected_speedup(s["tokens_per_step"], c["ratio"], 3)
+        lines += [f"- per-token cost (one sequence, same engine): target {c['target'] * 1e3:.2f} ms, "
                   f"draft {c['draft'] * 1e3:.2f} ms, ratio {_fmt(c['ratio'])}",
-                  f"- expected speed-up at this α and cost ratio if a 4-token verify cost one target forward "
-                  f"(GPU-like): {expected_speedup(s['alpha'], c['ratio'], 3):.2f}x; measured here, where it "
-                  f"does not: {s['target_only_seconds'] / s['generate_seconds']:.2f}x"]
+                  f"- expected speed-up at these tokens per step and cost ratio if a 4-token verify cost one "
+                  f"target forward (GPU-like): {gpu_like:.2f}x; measured here, where it does not: "
+                  f"{s['target_only_seconds'] / s['generate_seconds']:.2f}x"]
     cl = report["cloning"]
     lines += ["", "## Voice cloning (held-out speakers)", "",
               f"- own speaker more similar than every preset voice: {_fmt(cl['win_share'], 2)} of {cl['n']} "

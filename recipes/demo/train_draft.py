@@ -11,11 +11,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import LlamaForCausalLM
 
+from engine.acceptance.warp import logits_to_probs
+from engine.speech.demo_constraint import MarkerMergeConstraint
 from engine.speech.demo_layout import DemoVocab
-from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, make_batch
+from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, collate, example, make_batch, pick_reference
 from recipes.demo.train_lm import ModelSize
 
 
@@ -30,7 +33,7 @@ def draft_from_target(target: LlamaForCausalLM, layers: int = 1) -> LlamaForCaus
 
 
 def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *, layers: int = 1,
-            steps: int = 400, batch_size: int = 12, lr: float = 1e-3, seed: int = 1) -> LlamaForCausalLM:
+            steps: int = 400, batch_size: int = 12, lr: float = 6e-3, seed: int = 1) -> LlamaForCausalLM:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     target.eval()
@@ -59,3 +62,32 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
     (out_dir / "history.json").write_text(json.dumps(history))
     (out_dir / "size.json").write_text(json.dumps(asdict(ModelSize(layers=layers)) | {"from": "target"}))
     return draft.eval()
+
+
+@torch.no_grad()
+def held_out_acceptance(target: LlamaForCausalLM, draft: LlamaForCausalLM, vocab: DemoVocab,
+                        utts: Utterances, *, temperature: float = 0.8, count: int = 96, batch_size: int = 12,
+                        seed: int = 0) -> float:
+    """Mean per-token acceptance probability of exact speculative sampling, Σ_t min(p(t), q(t)), with target
+    and draft teacher-forced on `count` utterances and both distributions taken as the engine samples them
+    (marker-merge constraint without caps, then temperature). This is Leviathan et al.'s α, the one the
+    speed-up model uses; the engine's accepted/drafted rate is lower, since it counts every draft after a
+    rejection as rejected."""
+    rng = np.random.default_rng(seed)
+    shares = []
+    for lo in range(0, min(count, len(utts)), batch_size):
+        rows = range(lo, min(count, len(utts), lo + batch_size))
+        pairs = [example(vocab, utts, i, pick_reference(utts, utts.groups, i, rng), rng, corrupt=False)
+                 for i in rows]
+        batch = collate(pairs)
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        t_logits, d_logits = target(**inputs).logits.float(), draft(**inputs).logits.float()  # [B, L, V]
+        for b, i in enumerate(rows):
+            keep = batch["labels"][b] != IGNORE  # [L] positions predicting generated speech
+            speech = batch["labels"][b][keep].tolist()
+            constraint = MarkerMergeConstraint(vocab, utts.phoneme_ids[i])
+            histories = [speech[:k] for k in range(len(speech))]
+            p = logits_to_probs(constraint.apply(t_logits[b][keep], histories), temperature)  # [n, V]
+            q = logits_to_probs(constraint.apply(d_logits[b][keep], histories), temperature)  # [n, V]
+            shares.append(torch.minimum(p, q).sum(-1))
+    return float(torch.cat(shares).mean())
