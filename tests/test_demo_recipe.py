@@ -164,3 +164,12 @@ def test_duration_model_learns_phoneme_durations_at_the_references_rate(tmp_path
     per_phoneme_mean = np.mean(base * rate.mean())  # a rate-blind model's typical error scale
     assert errors["frames_mae"] < 0.15 * per_phoneme_mean and errors["length_error_median"] < 0.1
     assert (tmp_path / "model.safetensors").exists()
+
+
+def test_warmup_linear_decay_warms_up_decays_and_holds_its_floor():
+    from recipes.demo.optim import warmup_linear_decay
+
+    lrs = [warmup_linear_decay(s, 100, 1.0, warmup=10, floor=0.2) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(0.91)  # warm-up, already decaying
+    assert all(a >= b for a, b in zip(lrs[9:-1], lrs[10:], strict=True))  # then never rises
+    assert min(lrs[9:]) == pytest.approx(0.2) and lrs[80:] == pytest.approx([0.2] * 20)  # held at the floor

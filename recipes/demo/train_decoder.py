@@ -9,6 +9,7 @@ import torch
 
 from engine.codec.demo_decoder import CodeToMel
 from engine.codec.demo_features import LOG_FLOOR
+from recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 DECODER_KWARGS = {"hidden": 256, "layers": 4, "kernel": 5}  # 192x3 at 1,500 steps measured worse
 
@@ -31,12 +32,8 @@ def train_decoder(codebook: torch.Tensor, codes: list[np.ndarray], mels: list[np
             xs.append(torch.from_numpy(codes[i][off:off + window].astype(np.int64)))
             ys.append(torch.from_numpy(mels[i][off:off + window].astype(np.float32)).clamp(min=floor))
         x, y = torch.stack(xs), torch.stack(ys)  # [B, W], [B, W, n_mels]
-        for group in optim.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / 100) * (1 - step / steps)
         loss = (model(x) - y).abs().mean()
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        optim.step()
+        optimizer_step(optim, loss, warmup_linear_decay(step, steps, lr, warmup=100))
         if (step + 1) % 100 == 0:
             print(f"[decoder] step {step + 1}/{steps} L1 {loss.item():.4f} {time.time() - start:.0f}s",
                   flush=True)

@@ -19,6 +19,7 @@ from engine.acceptance.warp import logits_to_probs
 from engine.speech.demo_constraint import MarkerMergeConstraint
 from engine.speech.demo_layout import DemoVocab
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, collate, example, make_batch, pick_reference
+from recipes.demo.optim import optimizer_step, warmup_linear_decay
 from recipes.demo.train_lm import ModelSize
 
 
@@ -49,12 +50,7 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
             t_logp = torch.log_softmax(target(**inputs).logits[keep].float(), -1)  # [n, V]
         d_logp = torch.log_softmax(draft(**inputs).logits[keep], -1)  # [n, V]
         loss = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()  # KL(target || draft)
-        for group in optim.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / 50) * max(0.1, 1 - step / steps)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        optim.step()
+        optimizer_step(optim, loss, warmup_linear_decay(step, steps, lr, warmup=50, floor=0.1), clip=1.0)
         history.append({"step": step + 1, "kl": loss.item(), "time": time.time()})
         if (step + 1) % 25 == 0:
             print(f"[draft] step {step + 1}/{steps} KL {loss.item():.3f} {time.time() - start:.0f}s",

@@ -19,6 +19,7 @@ import torch
 from engine.speech.demo_durations import DurationConfig, DurationModel
 from engine.speech.demo_layout import PHONEME_OFFSET, phoneme_durations
 from recipes.demo.lm_data import Utterances, pick_reference, reference_clip
+from recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 
 def duration_batch(utts: Utterances, rows, rng: np.random.Generator) -> dict[str, torch.Tensor]:
@@ -82,12 +83,7 @@ def train_durations(train: Utterances, val: Utterances, codebook_size: int, out_
     for step in range(steps):
         rows = rng.choice(len(train), batch_size, replace=False)
         loss = _loss(model, duration_batch(train, rows, rng))
-        for group in optim.param_groups:
-            group["lr"] = lr * min(1.0, (step + 1) / 100) * max(0.05, 1 - step / steps)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
+        optimizer_step(optim, loss, warmup_linear_decay(step, steps, lr, warmup=100, floor=0.05), clip=1.0)
         history.append({"step": step + 1, "loss": loss.item()})
         if (step + 1) % 100 == 0:
             print(f"[durations] step {step + 1}/{steps} loss {loss.item():.4f} {time.time() - start:.0f}s",

@@ -21,6 +21,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.speech.demo_layout import BOS, END, PAD, DemoVocab
 from recipes.demo.lm_data import BatchPlan, Utterances, collate, example, make_batch, pick_reference
+from recipes.demo.optim import optimizer_step
 
 
 @dataclass
@@ -124,13 +125,8 @@ def train(out_dir: Path, vocab: DemoVocab, train_utts: Utterances, val_utts: Utt
         if time_budget_min is not None and time.time() - start > 60 * time_budget_min:
             break
         batch = {k: v.to(device) for k, v in make_batch(vocab, train_utts, plan, step).items()}
-        for group in optim.param_groups:
-            group["lr"] = cfg.lr_at(step)
         loss = model(**batch).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optim.step()
+        optimizer_step(optim, loss, cfg.lr_at(step), clip=cfg.grad_clip)
         step += 1
         tokens += int(batch["attention_mask"].sum())
         record = {"step": step, "loss": loss.item(), "lr": cfg.lr_at(step - 1), "time": time.time()}
