@@ -38,7 +38,7 @@ class DemoPhonemeFamily(SpeechFamily):
                  durations: DurationModel | None = None, duration_window: float = 0.0):
         """max_phoneme_frames: phoneme mnemonic -> most frames it may take (the duration caps, used when
         there is no duration model); durations: predicts each phoneme's frames, and the phoneme then ends
-        within ±duration_window (a fraction, at least ±0 frames) of its prediction."""
+        within ±duration_window (a fraction; 0: exactly at) of its prediction."""
         self.vocab = vocab
         self.voices = voices or {}
         self.default_voice = default_voice or (sorted(self.voices)[0] if self.voices else None)
