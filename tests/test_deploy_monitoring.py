@@ -81,6 +81,8 @@ def prometheus(live_server, tmp_path):
 
 def query(prom: str, expr: str) -> list:
     response = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
+    if response.status_code == 503:  # "Service Unavailable" while Prometheus starts: wait_for retries
+        response.raise_for_status()
     payload = response.json()
     assert payload["status"] == "success", payload
     return payload["data"]["result"]
