@@ -6,6 +6,7 @@ seeded by (seed, step), so a run resumed from a checkpoint sees exactly the batc
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -111,6 +112,17 @@ class BatchPlan:
         if epoch != self._epoch:
             self._epoch, self._batches = epoch, self._epoch_batches(epoch)
         return self._batches[k]
+
+
+def held_out_batches(vocab: DemoVocab, utts: Utterances, rng: np.random.Generator, batch_size: int,
+                     count: int | None = None) -> Iterator[tuple[range, dict[str, torch.Tensor]]]:
+    """(rows, batch) over utterances 0 .. count-1 in order, teacher-forced for evaluation: each with a
+    reference of its speaker drawn from `rng` and no corrupted inputs."""
+    end = len(utts) if count is None else min(count, len(utts))
+    for lo in range(0, end, batch_size):
+        rows = range(lo, min(end, lo + batch_size))
+        yield rows, collate([example(vocab, utts, i, pick_reference(utts, utts.groups, i, rng), rng,
+                                     corrupt=False) for i in rows])
 
 
 def make_batch(vocab: DemoVocab, utts: Utterances, plan: BatchPlan, step: int) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ from transformers import LlamaForCausalLM
 from engine.acceptance.warp import logits_to_probs
 from engine.speech.demo_constraint import MarkerMergeConstraint
 from engine.speech.demo_layout import DemoVocab
-from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, collate, example, make_batch, pick_reference
+from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
 from recipes.demo.optim import optimizer_step, warmup_linear_decay
 from recipes.demo.train_lm import ModelSize
 
@@ -71,11 +71,7 @@ def held_out_acceptance(target: LlamaForCausalLM, draft: LlamaForCausalLM, vocab
     rejection as rejected."""
     rng = np.random.default_rng(seed)
     shares = []
-    for lo in range(0, min(count, len(utts)), batch_size):
-        rows = range(lo, min(count, len(utts), lo + batch_size))
-        pairs = [example(vocab, utts, i, pick_reference(utts, utts.groups, i, rng), rng, corrupt=False)
-                 for i in rows]
-        batch = collate(pairs)
+    for rows, batch in held_out_batches(vocab, utts, rng, batch_size, count):
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         t_logits, d_logits = target(**inputs).logits.float(), draft(**inputs).logits.float()  # [B, L, V]
         for b, i in enumerate(rows):

@@ -20,7 +20,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.speech.demo_layout import BOS, END, PAD, DemoVocab
-from recipes.demo.lm_data import BatchPlan, Utterances, collate, example, make_batch, pick_reference
+from recipes.demo.lm_data import BatchPlan, Utterances, held_out_batches, make_batch
 from recipes.demo.optim import optimizer_step
 
 
@@ -68,14 +68,10 @@ def validation_loss(model, vocab: DemoVocab, utts: Utterances, seed: int, batch_
     import numpy as np
 
     rng = np.random.default_rng([seed, 999])
-    groups = utts.groups
-    pairs = [example(vocab, utts, i, pick_reference(utts, groups, i, rng), rng, corrupt=False)
-             for i in range(len(utts))]
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
-        for s in range(0, len(pairs), batch_size):
-            batch = collate(pairs[s:s + batch_size])
+        for _, batch in held_out_batches(vocab, utts, rng, batch_size):
             n = int((batch["labels"][:, 1:] != -100).sum())
             total += model(**batch).loss.item() * n
             count += n
