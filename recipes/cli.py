@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--lr", type=float, default=None,
                       help=f"with --max-steps: peak learning rate (default {defaults.phases[-1].lr}); "
                            "a resumed run uses it from its next step")
+    demo.add_argument("--speaker-warp", type=float, default=None,
+                      help="with --max-steps: share of training examples turned into pseudo-speakers "
+                           f"(default {defaults.phases[-1].speaker_warp}; recipes/demo/speaker_warp.py)")
     demo.add_argument("--draft-steps", type=int, default=defaults.draft_steps)
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
@@ -45,10 +48,11 @@ def run_demo(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown stage(s) {unknown}; stages are {STAGES}")
     phases = RecipeConfig().phases
     if args.max_steps is not None:
+        warp = phases[-1].speaker_warp if args.speaker_warp is None else args.speaker_warp
         phases = (TrainPhase(args.max_steps, args.decay_steps or args.max_steps // 5,
-                             args.lr or phases[-1].lr),)
-    elif args.decay_steps is not None or args.lr is not None:
-        raise SystemExit("--decay-steps and --lr go with --max-steps")
+                             args.lr or phases[-1].lr, warp),)
+    elif args.decay_steps is not None or args.lr is not None or args.speaker_warp is not None:
+        raise SystemExit("--decay-steps, --lr and --speaker-warp go with --max-steps")
     cfg = RecipeConfig(run_dir=args.run_dir, model_dir=args.model_dir, seed=args.seed,
                        num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
                        train_minutes=args.train_minutes, phases=phases, draft_steps=args.draft_steps,

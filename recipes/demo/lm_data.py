@@ -38,10 +38,14 @@ class Utterances:
 
 
 def example(vocab: DemoVocab, utts: Utterances, i: int, ref: int | None, rng: np.random.Generator,
-            corrupt: bool) -> tuple[list[int], list[int]]:
-    """(input ids, labels) for target utterance i spoken after reference utterance `ref`."""
-    prompt = prompt_tokens(vocab, reference_clip(utts, ref, rng), utts.phoneme_ids[i])
-    speech = speech_tokens(vocab, utts.phoneme_ids[i], utts.starts[i], utts.codes[i])
+            corrupt: bool, code_map: np.ndarray | None = None) -> tuple[list[int], list[int]]:
+    """(input ids, labels) for target utterance i spoken after reference utterance `ref`; code_map
+    (int [codebook_size], see speaker_warp) turns both into a pseudo-speaker's voice."""
+    clip, codes = reference_clip(utts, ref, rng), utts.codes[i]
+    if code_map is not None:
+        clip, codes = (None if clip is None else code_map[clip]), code_map[codes]
+    prompt = prompt_tokens(vocab, clip, utts.phoneme_ids[i])
+    speech = speech_tokens(vocab, utts.phoneme_ids[i], utts.starts[i], codes)
     inputs = np.array(prompt + speech[:-1], dtype=np.int64)
     labels = np.array([IGNORE] * (len(prompt) - 1) + speech, dtype=np.int64)
     if corrupt:
@@ -125,11 +129,17 @@ def held_out_batches(vocab: DemoVocab, utts: Utterances, rng: np.random.Generato
                                      corrupt=False) for i in rows])
 
 
-def make_batch(vocab: DemoVocab, utts: Utterances, plan: BatchPlan, step: int) -> dict[str, torch.Tensor]:
+def make_batch(vocab: DemoVocab, utts: Utterances, plan: BatchPlan, step: int,
+               code_maps: np.ndarray | None = None, warp_rate: float = 0.0) -> dict[str, torch.Tensor]:
+    """code_maps: int [A, codebook_size] speaker warps; each example takes a random one with probability
+    warp_rate (no random draws at all when warp_rate is 0, so older runs' batches are unchanged)."""
     groups = utts.groups
     rng = np.random.default_rng([plan.seed, step, 1])
     pairs = []
     for i in plan.batch(step):
         ref = pick_reference(utts, groups, int(i), rng)
-        pairs.append(example(vocab, utts, int(i), ref, rng, corrupt=True))
+        code_map = None
+        if warp_rate > 0 and rng.random() < warp_rate:
+            code_map = code_maps[rng.integers(0, len(code_maps))]
+        pairs.append(example(vocab, utts, int(i), ref, rng, corrupt=True, code_map=code_map))
     return collate(pairs)

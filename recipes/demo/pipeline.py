@@ -32,6 +32,7 @@ class TrainPhase:
     max_steps: int
     decay_steps: int
     lr: float
+    speaker_warp: float = 0.0  # share of examples turned into pseudo-speakers (recipes/demo/speaker_warp.py)
 
 
 # The shipped target's schedule (models/demo-en/README.md): three cycles, each resuming the checkpoint of
@@ -86,13 +87,19 @@ def stage_train(cfg: RecipeConfig) -> None:
         torch.set_num_threads(cfg.threads)
     data = load_data(cfg.run_dir)
     init = cfg.init_from / "target" if cfg.init_from else None
+    code_maps = None
+    if any(phase.speaker_warp for phase in cfg.phases):
+        from engine.codec.demo import DemoMelCodec
+        from recipes.demo.speaker_warp import warp_code_maps
+
+        code_maps = warp_code_maps(DemoMelCodec.from_dir(cfg.run_dir / "codec"))
     deadline = None if cfg.train_minutes is None else time.time() + 60 * cfg.train_minutes
     for phase in cfg.phases:
         budget = None if deadline is None else max(0.0, (deadline - time.time()) / 60)
         step = train(cfg.run_dir / "target", data["vocab"], data["train"], data["val"], ModelSize(),
                      TrainConfig(seed=cfg.seed, max_steps=phase.max_steps, decay_steps=phase.decay_steps,
-                                 lr=phase.lr),
-                     init_from=init, device=cfg.device, time_budget_min=budget)
+                                 lr=phase.lr, speaker_warp=phase.speaker_warp),
+                     init_from=init, device=cfg.device, time_budget_min=budget, code_maps=code_maps)
         if step < phase.max_steps:  # stopped early (time budget, SIGTERM): a later run resumes this phase
             print(f"[train] stopped at step {step} of phase {phase}", flush=True)
             return

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -52,6 +53,7 @@ class TrainConfig:
     seed: int = 0
     checkpoint_min: float = 10.0
     eval_every: int = 250
+    speaker_warp: float = 0.0  # share of examples turned into a pseudo-speaker (needs train(code_maps=...))
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -65,8 +67,6 @@ class TrainConfig:
 
 def validation_loss(model, vocab: DemoVocab, utts: Utterances, seed: int, batch_size: int = 16) -> float:
     """Teacher-forced mean token loss on held-out utterances (fixed references, no corruption)."""
-    import numpy as np
-
     rng = np.random.default_rng([seed, 999])
     model.eval()
     total, count = 0.0, 0
@@ -81,7 +81,7 @@ def validation_loss(model, vocab: DemoVocab, utts: Utterances, seed: int, batch_
 
 def train(out_dir: Path, vocab: DemoVocab, train_utts: Utterances, val_utts: Utterances, size: ModelSize,
           cfg: TrainConfig, *, init_from: Path | None = None, device: str = "cpu",
-          time_budget_min: float | None = None) -> int:
+          time_budget_min: float | None = None, code_maps: np.ndarray | None = None) -> int:
     """Train (or resume) into out_dir/ckpt.pt; returns the step reached (< cfg.max_steps if stopped early)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / "ckpt.pt"
@@ -120,7 +120,8 @@ def train(out_dir: Path, vocab: DemoVocab, train_utts: Utterances, val_utts: Utt
     while step < cfg.max_steps and not stop["now"]:
         if time_budget_min is not None and time.time() - start > 60 * time_budget_min:
             break
-        batch = {k: v.to(device) for k, v in make_batch(vocab, train_utts, plan, step).items()}
+        batch = {k: v.to(device) for k, v in make_batch(vocab, train_utts, plan, step, code_maps,
+                                                                 cfg.speaker_warp).items()}
         loss = model(**batch).loss
         optimizer_step(optim, loss, cfg.lr_at(step), clip=cfg.grad_clip)
         step += 1
