@@ -66,3 +66,9 @@ class SpeakerEncoder:
         from resemblyzer import preprocess_wav
 
         return self.encoder.embed_utterance(preprocess_wav(np.asarray(audio, np.float32), source_sr=16000))
+
+    def speaker(self, clips: list[np.ndarray]) -> np.ndarray:
+        """A speaker's embedding from several of its clips: the normalised mean of theirs (resemblyzer's
+        embed_speaker), steadier than any one clip's."""
+        mean = np.mean([self(c) for c in clips], axis=0)
+        return mean / np.linalg.norm(mean)
