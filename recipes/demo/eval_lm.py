@@ -143,9 +143,11 @@ def cloning(bundle, family, codec, speaker_encoder, per_speaker: int, temperatur
         margins_vs_real += [margin(a, s, False) for a, (s, _) in zip(audios, items, strict=True)]
         per_seed.append(float(np.mean(np.array(m) > 0)))
     real = [(render(it.text, prompted[s])[0], s) for s, it in items]
+    round_trips = [(codec.decode(codec.encode(a)), s) for a, s in real]
     ceiling = {"original": float(np.mean([margin(a, s, False) > 0 for a, s in real])),
-               "codec_round_trip": float(np.mean([margin(codec.decode(codec.encode(a)), s) > 0
-                                                  for a, s in real]))}
+               "codec_round_trip": float(np.mean([margin(a, s) > 0 for a, s in round_trips])),
+               "codec_round_trip_vs_real_audio": float(np.mean([margin(a, s, False) > 0
+                                                                for a, s in round_trips]))}
     per_speaker_wins = np.array(margins).reshape(len(seeds), len(prompted), per_speaker) > 0
     return {"win_share": float(np.mean(np.array(margins) > 0)), "win_share_per_seed": per_seed,
             "win_share_vs_real_audio": float(np.mean(np.array(margins_vs_real) > 0)),

@@ -112,7 +112,8 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
               f"utterances (seeds {cl['seeds']}: {', '.join(_fmt(w, 2) for w in cl['win_share_per_seed'])}; "
               f"median margin {_fmt(cl['margin_median'])}); wins per speaker {cl['wins_per_speaker']}",
               f"- against embeddings of the speakers' real espeak-ng audio instead: "
-              f"{_fmt(cl['win_share_vs_real_audio'], 2)}",
+              f"{_fmt(cl['win_share_vs_real_audio'], 2)} (their own speech through the codec scores "
+              f"{_fmt(cl['ceiling_win_share'].get('codec_round_trip_vs_real_audio'), 2)} in that test)",
               f"- ceiling, the same test on the speakers' own renderings of the same texts: "
               f"{_fmt(cl['ceiling_win_share']['original'], 2)} as rendered, "
               f"{_fmt(cl['ceiling_win_share']['codec_round_trip'], 2)} through the codec"]
