@@ -154,6 +154,7 @@ def cloning(bundle, family, codec, speaker_encoder, per_speaker: int, temperatur
             "margin_median": float(np.median(margins)), "n": len(margins), "seeds": list(seeds),
             "speakers": speakers, "prompted_speakers": [v.key for v in prompted],
             "wins_per_speaker": per_speaker_wins.sum(axis=(0, 2)).tolist(),
+            "wins": per_speaker_wins.astype(int).tolist(),  # [seed][speaker][prompt], for paired comparisons
             "ceiling_win_share": ceiling}
 
 
