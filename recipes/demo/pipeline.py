@@ -35,10 +35,12 @@ class TrainPhase:
     speaker_warp: float = 0.0  # share of examples turned into pseudo-speakers (recipes/demo/speaker_warp.py)
 
 
-# The shipped target's schedule (models/demo-en/README.md): three cycles, each resuming the checkpoint of
-# the one before; the second and third re-raise the learning rate. Batches are a function of the step, so
-# a rerun sees the same data in the same order.
-SHIPPED_PHASES = (TrainPhase(1500, 450, 1.5e-3), TrainPhase(4600, 900, 1.5e-3), TrainPhase(6300, 600, 8e-4))
+# The shipped target's schedule (models/demo-en/README.md): five cycles, each resuming the checkpoint of
+# the one before and re-raising the learning rate; the last two turn half the examples into pseudo-speakers.
+# Batches are a function of the step, so a rerun sees the same data in the same order.
+SHIPPED_PHASES = (TrainPhase(1500, 450, 1.5e-3), TrainPhase(4600, 900, 1.5e-3), TrainPhase(6300, 600, 8e-4),
+                  TrainPhase(7200, 300, 6e-4, speaker_warp=0.5),
+                  TrainPhase(8100, 300, 6e-4, speaker_warp=0.5))
 
 
 @dataclass
