@@ -114,18 +114,20 @@ def cloning(bundle, family, codec, speaker_encoder, per_speaker: int, temperatur
     sentences = [t for t, _ in eval_sentences(80, seed)]
     gen_texts, clip_texts, speaker_texts = sentences[:40], sentences[40:60], sentences[60:60 + SPEAKER_CLIPS]
 
-    def embedding(voice, through_codec: bool) -> np.ndarray:
+    def embeddings(voice) -> dict[bool, np.ndarray]:
+        """through_codec -> the speaker's embedding"""
         clips = [render(t, voice)[0] for t in speaker_texts]
-        return speaker_encoder.speaker([codec.decode(codec.encode(c)) if through_codec else c for c in clips])
+        return {False: speaker_encoder.speaker(clips),
+                True: speaker_encoder.speaker([codec.decode(codec.encode(c)) for c in clips])}
 
-    preset_emb = {True: [embedding(v, True) for v in presets.values()],
-                  False: [embedding(v, False) for v in presets.values()]}
-    own_emb = {True: [embedding(v, True) for v in prompted], False: [embedding(v, False) for v in prompted]}
+    preset_emb = [embeddings(v) for v in presets.values()]
+    own_emb = [embeddings(v) for v in prompted]
 
-    def margin(audio: np.ndarray, s: int, through_codec: bool = True) -> float:
-        """similarity to speaker s minus that to the closest preset"""
+    def margins(audio: np.ndarray, s: int) -> dict[bool, float]:
+        """through_codec -> similarity to speaker s minus that to the closest preset"""
         emb = speaker_encoder(audio)
-        return float(emb @ own_emb[through_codec][s]) - max(float(emb @ e) for e in preset_emb[through_codec])
+        return {k: float(emb @ own_emb[s][k]) - max(float(emb @ e[k]) for e in preset_emb)
+                for k in (True, False)}
 
     items = []
     for s, voice in enumerate(prompted):
@@ -134,27 +136,25 @@ def cloning(bundle, family, codec, speaker_encoder, per_speaker: int, temperatur
         items += [(s, Item(gen_texts[(s * per_speaker + k) % len(gen_texts)], prompt, 0.0, voice.key))
                   for k in range(per_speaker)]
     engine = _engine(bundle, draft=False)
-    margins, margins_vs_real, per_seed = [], [], []
+    generated = []  # margins of every clone, seed by seed
     for sd in seeds:
         gens, _ = _generate(engine, family, [it for _, it in items], temperature, sd)
-        audios = [codec.decode(family.tokens_to_codes(g.token_ids)) for g in gens]
-        m = [margin(a, s) for a, (s, _) in zip(audios, items, strict=True)]
-        margins += m
-        margins_vs_real += [margin(a, s, False) for a, (s, _) in zip(audios, items, strict=True)]
-        per_seed.append(float(np.mean(np.array(m) > 0)))
+        generated += [margins(codec.decode(family.tokens_to_codes(g.token_ids)), s)
+                      for g, (s, _) in zip(gens, items, strict=True)]
     real = [(render(it.text, prompted[s])[0], s) for s, it in items]
-    round_trips = [(codec.decode(codec.encode(a)), s) for a, s in real]
-    ceiling = {"original": float(np.mean([margin(a, s, False) > 0 for a, s in real])),
-               "codec_round_trip": float(np.mean([margin(a, s) > 0 for a, s in round_trips])),
-               "codec_round_trip_vs_real_audio": float(np.mean([margin(a, s, False) > 0
-                                                                for a, s in round_trips]))}
-    per_speaker_wins = np.array(margins).reshape(len(seeds), len(prompted), per_speaker) > 0
-    return {"win_share": float(np.mean(np.array(margins) > 0)), "win_share_per_seed": per_seed,
-            "win_share_vs_real_audio": float(np.mean(np.array(margins_vs_real) > 0)),
-            "margin_median": float(np.median(margins)), "n": len(margins), "seeds": list(seeds),
+    originals = [margins(a, s) for a, s in real]
+    round_trips = [margins(codec.decode(codec.encode(a)), s) for a, s in real]
+    ceiling = {"original": float(np.mean([m[False] > 0 for m in originals])),
+               "codec_round_trip": float(np.mean([m[True] > 0 for m in round_trips])),
+               "codec_round_trip_vs_real_audio": float(np.mean([m[False] > 0 for m in round_trips]))}
+    margin = np.array([m[True] for m in generated])
+    wins = margin.reshape(len(seeds), len(prompted), per_speaker) > 0
+    return {"win_share": float(wins.mean()), "win_share_per_seed": wins.mean(axis=(1, 2)).tolist(),
+            "win_share_vs_real_audio": float(np.mean([m[False] > 0 for m in generated])),
+            "margin_median": float(np.median(margin)), "n": int(wins.size), "seeds": list(seeds),
             "speakers": speakers, "prompted_speakers": [v.key for v in prompted],
-            "wins_per_speaker": per_speaker_wins.sum(axis=(0, 2)).tolist(),
-            "wins": per_speaker_wins.astype(int).tolist(),  # [seed][speaker][prompt], for paired comparisons
+            "wins_per_speaker": wins.sum(axis=(0, 2)).tolist(),
+            "wins": wins.astype(int).tolist(),  # [seed][speaker][prompt], for paired comparisons
             "ceiling_win_share": ceiling}
 
 
