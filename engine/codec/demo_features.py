@@ -36,10 +36,15 @@ class MelSpec:
     n_mels: int = N_MELS
 
     @cached_property
+    def band_edges(self) -> np.ndarray:
+        """Hz [n_mels + 2]: filter k rises from edges[k] to its centre edges[k + 1], falls to edges[k + 2]."""
+        return _mel_to_hz(np.linspace(0, _hz_to_mel(np.array(self.sample_rate / 2)), self.n_mels + 2))
+
+    @cached_property
     def filterbank(self) -> torch.Tensor:
         """Triangular HTK-style mel filters, [n_mels, n_fft // 2 + 1]."""
         freqs = np.linspace(0, self.sample_rate / 2, self.n_fft // 2 + 1)
-        edges = _mel_to_hz(np.linspace(0, _hz_to_mel(np.array(self.sample_rate / 2)), self.n_mels + 2))
+        edges = self.band_edges
         lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
         up = (freqs[None] - lower) / (centre - lower)
         down = (upper - freqs[None]) / (upper - centre)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.codec.demo_features import MelSpec, _hz_to_mel, _mel_to_hz
+from engine.codec.demo_features import MelSpec
 
 # ±8%: measured on held-in speech through the codec, these move resemblyzer similarity to the unwarped
 # voice from 0.90 to 0.81-0.86 (about as far apart as two espeak-ng variants) while Whisper WER stays
@@ -26,8 +26,7 @@ WARP_FACTORS = (0.92, 0.94, 0.96, 0.98, 1.02, 1.04, 1.06, 1.08)
 def warp_log_mel(log_mel: torch.Tensor, alpha: float, spec: MelSpec = MelSpec()) -> torch.Tensor:
     """[..., n_mels] -> the same frames as heard through a vocal tract scaled by 1/alpha: the energy at
     frequency f moves to alpha * f (band values interpolated; bands beyond the edges repeat the edge)."""
-    edges = _mel_to_hz(np.linspace(0, _hz_to_mel(np.array(spec.sample_rate / 2)), spec.n_mels + 2))
-    centres = edges[1:-1]
+    centres = spec.band_edges[1:-1]
     source = np.interp(centres / alpha, centres, np.arange(spec.n_mels))  # fractional band read, [n_mels]
     lo = np.floor(source).astype(np.int64)
     hi = np.minimum(lo + 1, spec.n_mels - 1)
