@@ -16,6 +16,7 @@ RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0
 COPY pyproject.toml README.md ./
 COPY asg_tables ./asg_tables
 COPY engine ./engine
+COPY tts ./tts
 COPY server ./server
 COPY pcgtts ./pcgtts
 COPY bench ./bench

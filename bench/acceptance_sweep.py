@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 # Held-out style sentences (not from the training corpus's sources): plain, varied, 4-12 words.
 SENTENCES = [

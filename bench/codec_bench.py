@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_codec(model: Path | None):
-    from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
+    from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
     return ModelBundle.from_dir(model or DEFAULT_MODEL_DIR).load_codec()
 
@@ -77,7 +77,7 @@ def _service_ttfa(model: Path | None, requests: int) -> dict:
     vs flat first block, alternating request by request (same texts and seeds for both)."""
     import asyncio
 
-    from engine.tts import SynthesisOptions, TTSConfig, TTSService
+    from tts.service import SynthesisOptions, TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(**({"model_dir": model} if model else {})))
     ramped = service.codec.gl

@@ -43,8 +43,8 @@ set +e  # run the bench even if a test fails; the exit status reports both
 start=$SECONDS
 echo "== equivalence tests on $DEVICE"
 PCGTTS_TEST_DEVICE=$DEVICE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
-  tests/test_engine_model.py tests/test_engine_greedy.py tests/test_engine_sampling.py \
-  tests/test_engine_llasa.py 2>&1 | tee "$OUT/tests.log"
+  tests/engine/test_engine_model.py tests/engine/test_engine_greedy.py tests/engine/test_engine_sampling.py \
+  tests/engine/test_engine_llasa.py 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "tests: exit $tests_rc after $((SECONDS - start)) s"
 

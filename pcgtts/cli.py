@@ -9,7 +9,7 @@ import sys
 # subcommand -> module exposing `register(subparsers)`, which adds a parser whose `func(args)` runs it.
 SUBCOMMANDS = {
     "serve": "server.cli",
-    "synth": "engine.synth_cli",
+    "synth": "tts.cli",
     "asg": "asg_tables.cli",
     "bench": "bench.cli",
     "recipe": "recipes.cli",

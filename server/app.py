@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.tts import TTSService
+from tts.service import TTSService
 from server.errors import APIError, install_error_handlers
 from server.routes import playground, speech, system, voices, ws
 from server.settings import ServerSettings

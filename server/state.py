@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fastapi import Request, WebSocket
 
-from engine.tts import TTSConfig, TTSService
+from tts.service import TTSConfig, TTSService
 from server.errors import APIError, not_ready
 from server.metrics import ServerMetrics
 from server.settings import ServerSettings

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from engine.tts import (
+from tts.service import (
     InputTooLong,
     InvalidOptions,
     NothingToSay,

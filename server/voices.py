@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from engine.tts import TTSService, VoicePrompt
+from tts.service import TTSService, VoicePrompt
 from server.audio.decode import AudioDecodeError, DecodedAudio, decode_audio, decode_base64_audio
 from server.errors import APIError, bad_request
 from server.voice_store import StoredVoice, VoiceStore

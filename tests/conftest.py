@@ -14,7 +14,7 @@ def demo_bundle(tmp_path_factory):
 
     from server_support import build_tiny_bundle, embedded_model_ready
 
-    from engine.bundle import DEFAULT_MODEL_DIR
+    from tts.bundle import DEFAULT_MODEL_DIR
 
     if os.environ.get("PCGTTS_TEST_MODEL"):
         return Path(os.environ["PCGTTS_TEST_MODEL"])
@@ -25,7 +25,7 @@ def demo_bundle(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tts_service(demo_bundle):
-    from engine.tts import TTSConfig, TTSService
+    from tts.service import TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(model_dir=demo_bundle))
     yield service

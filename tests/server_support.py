@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from engine.bundle import DEFAULT_MODEL_DIR, MANIFEST
+from tts.bundle import DEFAULT_MODEL_DIR, MANIFEST
 
 TINY_CODEBOOK = 1024  # codes; with 160 marker slots a random model speaks ~6 frames per phoneme
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the sea shore.",
@@ -36,9 +36,9 @@ def build_tiny_bundle(root: Path, seed: int = 0) -> Path:
     from engine_support import save_draft_from, save_tiny_llama
 
     from asg_tables import build_asg
-    from engine.codec.demo import DemoMelCodec
-    from engine.speech.demo_espeak import phonemize
-    from engine.speech.demo_layout import DemoVocab
+    from engine.codec.demo.codec import DemoMelCodec
+    from engine.speech.demo.espeak import phonemize
+    from engine.speech.demo.layout import DemoVocab
 
     root.mkdir(parents=True, exist_ok=True)
     inventory = sorted({p for s in SENTENCES for p in phonemize(s)})

@@ -18,7 +18,7 @@ from asg_tables import build_asg
 from asg_tables.build import seed_group_sizes
 from asg_tables.embeddings import read_embedding_rows
 from asg_tables.report import table_stats
-from engine.speech.demo_layout import DemoVocab
+from engine.speech.demo.layout import DemoVocab
 
 THETAS = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
 EXTRA_STEPS = (-2, 2)  # extra tables shipped for θ A/B tests: this many sweep steps either side of θ

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.speech.demo_layout import PHONEME_OFFSET, DemoVocab, phoneme_durations
+from engine.speech.demo.layout import PHONEME_OFFSET, DemoVocab, phoneme_durations
 from recipes.demo.lm_data import Utterances
 
 CAP_PERCENTILE = 95.0

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bundle import ModelBundle
-from engine.codec.demo_features import HOP
+from tts.bundle import ModelBundle
+from engine.codec.demo.features import HOP
 from engine.speech.base import VoicePrompt
-from engine.speech.demo_layout import MAX_REF_FRAMES
+from engine.speech.demo.layout import MAX_REF_FRAMES
 from recipes.demo.eval_codec import eval_sentences
 from recipes.demo.eval_tools import SpeakerEncoder, Transcriber, corpus_wer
 from recipes.demo.speakers import split_speakers

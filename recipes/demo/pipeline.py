@@ -91,7 +91,7 @@ def stage_train(cfg: RecipeConfig) -> None:
     init = cfg.init_from / "target" if cfg.init_from else None
     code_maps = None
     if any(phase.speaker_warp for phase in cfg.phases):
-        from engine.codec.demo import DemoMelCodec
+        from engine.codec.demo.codec import DemoMelCodec
         from recipes.demo.speaker_warp import warp_code_maps
 
         code_maps = warp_code_maps(DemoMelCodec.from_dir(cfg.run_dir / "codec"))
@@ -111,7 +111,7 @@ def stage_decoder(cfg: RecipeConfig) -> None:
     """Fit the conv decoder; keep it only if it measures better (Whisper WER) than the centroid lookup."""
     import json
 
-    from engine.codec.demo import DemoMelCodec
+    from engine.codec.demo.codec import DemoMelCodec
     from recipes.demo.eval_codec import roundtrip_wer
     from recipes.demo.synth_corpus import load_corpus
     from recipes.demo.train_decoder import DECODER_KWARGS, decoder_l1, train_decoder
@@ -140,7 +140,7 @@ def stage_decoder(cfg: RecipeConfig) -> None:
 
 
 def stage_durations(cfg: RecipeConfig) -> None:
-    """The duration model (engine/speech/demo_durations.py) from the corpus's phoneme alignments."""
+    """The duration model (engine/speech/demo/durations.py) from the corpus's phoneme alignments."""
     from recipes.demo.train_durations import train_durations
 
     out = cfg.run_dir / "duration"
@@ -175,7 +175,7 @@ def stage_draft(cfg: RecipeConfig) -> None:
 
 
 def stage_voices(cfg: RecipeConfig) -> None:
-    from engine.codec.demo import DemoMelCodec
+    from engine.codec.demo.codec import DemoMelCodec
     from recipes.demo.voices import make_presets
 
     make_presets(DemoMelCodec.from_dir(cfg.run_dir / "codec_final"), cfg.model_dir / "voices", cfg.seed)

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.codec.demo import DemoMelCodec
-from engine.codec.demo_features import LOG_FLOOR
-from engine.speech.demo_layout import MAX_PHONEMES, DemoVocab
+from engine.codec.demo.codec import DemoMelCodec
+from engine.codec.demo.features import LOG_FLOOR
+from engine.speech.demo.layout import MAX_PHONEMES, DemoVocab
 from recipes.demo.fit_codec import fit_kmeans, sample_frames
 from recipes.demo.lm_data import Utterances
 from recipes.demo.speakers import split_speakers

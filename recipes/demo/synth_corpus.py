@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from engine.codec.demo_features import HOP, SAMPLE_RATE, MelSpec
-from engine.speech.demo_espeak import ESPEAK_RATE, Voice, synthesize
+from engine.codec.demo.features import HOP, SAMPLE_RATE, MelSpec
+from engine.speech.demo.espeak import ESPEAK_RATE, Voice, synthesize
 from recipes.demo.speakers import split_speakers
 from recipes.demo.text_corpus import collect_sentences
 

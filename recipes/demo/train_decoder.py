@@ -7,8 +7,8 @@ import time
 import numpy as np
 import torch
 
-from engine.codec.demo_decoder import CodeToMel
-from engine.codec.demo_features import LOG_FLOOR
+from engine.codec.demo.decoder import CodeToMel
+from engine.codec.demo.features import LOG_FLOOR
 from recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 DECODER_KWARGS = {"hidden": 256, "layers": 4, "kernel": 5}  # 192x3 at 1,500 steps measured worse

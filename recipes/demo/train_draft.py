@@ -16,8 +16,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from engine.acceptance.warp import logits_to_probs
-from engine.speech.demo_constraint import MarkerMergeConstraint
-from engine.speech.demo_layout import DemoVocab
+from engine.speech.demo.constraint import MarkerMergeConstraint
+from engine.speech.demo.layout import DemoVocab
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
 from recipes.demo.optim import optimizer_step, warmup_linear_decay
 from recipes.demo.train_lm import ModelSize

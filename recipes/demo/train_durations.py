@@ -1,4 +1,4 @@
-"""Train the demo family's duration model (engine/speech/demo_durations.py) on the corpus's alignments.
+"""Train the demo family's duration model (engine/speech/demo/durations.py) on the corpus's alignments.
 
 Each example is one training utterance's phonemes with its frames per phoneme (as the layout lays them out)
 and a reference clip of another utterance by the same speaker, drawn as the LM's training draws it, so the
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.speech.demo_durations import DurationConfig, DurationModel
-from engine.speech.demo_layout import PHONEME_OFFSET, phoneme_durations
+from engine.speech.demo.durations import DurationConfig, DurationModel
+from engine.speech.demo.layout import PHONEME_OFFSET, phoneme_durations
 from recipes.demo.lm_data import Utterances, pick_reference, reference_clip
 from recipes.demo.optim import optimizer_step, warmup_linear_decay
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.speech.demo_layout import BOS, END, PAD, DemoVocab
+from engine.speech.demo.layout import BOS, END, PAD, DemoVocab
 from recipes.demo.lm_data import BatchPlan, Utterances, held_out_batches, make_batch
 from recipes.demo.optim import optimizer_step
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from engine.codec.demo_features import HOP
-from engine.speech.demo_espeak import Voice
-from engine.speech.demo_layout import MAX_REF_FRAMES
+from engine.codec.demo.features import HOP
+from engine.speech.demo.espeak import Voice
+from engine.speech.demo.layout import MAX_REF_FRAMES
 from recipes.demo.speakers import split_speakers
 from recipes.demo.synth_corpus import render
 from recipes.demo.text_corpus import collect_sentences

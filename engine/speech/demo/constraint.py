@@ -1,0 +1,124 @@
+"""The marker-merge decode constraint of the demo phoneme family, with per-phoneme duration caps.
+
+The model decides WHEN to advance to the next phoneme, the text decides WHAT comes next: all probability
+the model puts on any marker token (or on <end>) is moved onto the expected next marker (<end> once every
+phoneme has been spoken). The first generated token is always the first phoneme's marker, and special
+tokens that never occur in generated speech are masked.
+
+Duration caps: a phoneme that has already taken its cap of frames (the bundle's `max_phoneme_frames`, a high
+percentile of that phoneme's durations in the training corpus) is ended, i.e. the next marker is forced.
+Without them the model, fed its own samples, sometimes stays in a phoneme far longer than any training
+utterance does and drifts into loops (models/demo-en/README.md measures both). It also bounds every
+utterance's length by the text. Duration windows: with a duration model (engine/speech/demo/durations.py)
+the family gives every phoneme of the text both a minimum and a maximum, so it ends inside a window
+around its predicted duration.
+
+A pure function of (history, logits), so the engine applies it identically to draft and target logits and
+speculative decoding stays exact with respect to the constrained target.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from engine.speech.base import DecodeConstraint
+from engine.speech.demo.layout import END, DemoVocab
+
+
+class MarkerMergeConstraint(DecodeConstraint):
+    def __init__(self, vocab: DemoVocab, expected_markers: Sequence[int],
+                 max_frames: Sequence[int | None] | None = None, min_frames: Sequence[int] | None = None):
+        """max_frames[k]: most frames the k-th expected phoneme may take (None or absent: no cap);
+        min_frames[k]: fewest frames it must take before it may end (absent: 0)."""
+        if not expected_markers:
+            raise ValueError("the text has no phonemes")
+        for name, bound in (("max_frames", max_frames), ("min_frames", min_frames)):
+            if bound is not None and len(bound) != len(expected_markers):
+                raise ValueError(f"{name} needs one entry per expected marker")
+        self.expected = list(expected_markers) + [END]  # expected[k] follows k spoken markers
+        self.max_frames = list(max_frames) if max_frames is not None else [None] * len(expected_markers)
+        self.min_frames = list(min_frames) if min_frames is not None else [0] * len(expected_markers)
+        self.marker_lo, self.marker_hi = vocab.marker_ids.start, vocab.marker_ids.stop
+        self.code_lo = vocab.code_offset
+        merge = torch.zeros(vocab.vocab_size, dtype=torch.bool)
+        merge[self.marker_lo:self.marker_hi] = True
+        merge[END] = True
+        allowed = torch.zeros(vocab.vocab_size, dtype=torch.bool)
+        allowed[vocab.code_offset:] = True
+        self._merge = merge  # [V] tokens whose mass moves to the expected marker
+        self._blocked = ~(allowed | merge)  # [V] specials that never occur in generated speech
+        # (history, its position) of recent calls: a new history that extends one of them is scanned only
+        # past it, so a step costs O(new tokens), not O(length), per position; checked by prefix equality
+        self._memo: list[tuple[list[int], int, int]] = []
+
+    def without_caps(self) -> MarkerMergeConstraint:
+        """The same constraint with no duration bounds (to measure what they do)."""
+        out = copy.copy(self)
+        out.max_frames = [None] * len(self.max_frames)
+        out.min_frames = [0] * len(self.min_frames)
+        return out
+
+    def position(self, history: Sequence[int]) -> tuple[int, int]:
+        """(markers spoken so far, frames since the last of them)."""
+        return self._scan(history, 0, 0, 0)
+
+    def _scan(self, history: Sequence[int], start: int, spoken: int, run: int) -> tuple[int, int]:
+        for t in history[start:]:
+            if self.marker_lo <= t < self.marker_hi:
+                spoken, run = spoken + 1, 0
+            elif t >= self.code_lo:
+                run += 1
+        return spoken, run
+
+    def _positions(self, histories: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+        """position() of each history. The engine passes one request's committed output plus 0..k of its
+        drafts, so every history extends the shortest, and that one extends an earlier call's."""
+        base = list(min(histories, key=len))
+        known = max((m for m in self._memo if len(m[0]) <= len(base) and base[:len(m[0])] == m[0]),
+                    key=lambda m: len(m[0]), default=([], 0, 0))
+        spoken, run = self._scan(base, len(known[0]), known[1], known[2])
+        self._memo = [*self._memo[-3:], (base, spoken, run)]
+        n = len(base)
+        return [self._scan(h, n, spoken, run) if list(h[:n]) == base else self.position(h) for h in histories]
+
+    def next_marker(self, history: Sequence[int]) -> int:
+        return self.expected[min(self.position(history)[0], len(self.expected) - 1)]
+
+    def _must_advance(self, spoken: int, run: int) -> bool:
+        if not 1 <= spoken <= len(self.max_frames):
+            return False
+        cap = self.max_frames[spoken - 1]
+        return cap is not None and run >= cap
+
+    def _may_advance(self, spoken: int, run: int) -> bool:
+        return not 1 <= spoken <= len(self.min_frames) or run >= self.min_frames[spoken - 1]
+
+    def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+        # logits: [n, V]
+        n = logits.shape[0]
+        merge, blocked = self._merge.to(logits.device), self._blocked.to(logits.device)
+        neg_inf = torch.finfo(logits.dtype).min
+        positions = self._positions(histories)
+        target = torch.tensor([self.expected[min(s, len(self.expected) - 1)] for s, _ in positions],
+                              device=logits.device)  # [n]
+        merged = torch.logsumexp(logits.masked_fill(~merge, float("-inf")), dim=-1)  # [n]
+        out = logits.masked_fill(merge | blocked, neg_inf)
+        rows = torch.arange(n, device=logits.device)
+        out[rows, target] = merged.to(out.dtype)
+        # speech opens with the first phoneme's marker; a phoneme at its cap ends, one short of its minimum
+        # goes on (a cap wins over a minimum)
+        forced = torch.tensor([len(h) == 0 or self._must_advance(s, r)
+                               for h, (s, r) in zip(histories, positions, strict=True)],
+                              device=logits.device)  # [n]
+        held = torch.tensor([not f and not self._may_advance(s, r)
+                             for f, (s, r) in zip(forced.tolist(), positions, strict=True)],
+                            device=logits.device)  # [n]
+        if forced.any():
+            out[forced] = neg_inf
+            out[rows[forced], target[forced]] = 0.0
+        if held.any():
+            out[rows[held], target[held]] = neg_inf
+        return out

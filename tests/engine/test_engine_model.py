@@ -1,0 +1,100 @@
+"""The engine's Llama matches transformers' LlamaForCausalLM logits on the same checkpoint (fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_support import DEVICE, hf_model, save_tiny_llama
+
+from engine.attention import make_backend
+from engine.block_manager import SeqBlocks
+from engine.model.config import LlamaConfig
+from engine.model.loader import load_llama
+from engine.model_runner import ModelRunner
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+CASES = {
+    "gqa-untied": dict(heads=4, kv_heads=2, tie=False),
+    "mha-tied": dict(heads=4, kv_heads=4, tie=True),
+    "mqa-llama3-rope": dict(heads=4, kv_heads=1, tie=False, rope_scaling=LLAMA3_ROPE),
+    "linear-rope": dict(heads=2, kv_heads=2, tie=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 4, backend: str = "sdpa",
+                  dtype: str = "float32") -> list[torch.Tensor]:
+    """Logits of every prompt position, fed `chunk` tokens per forward for all prompts at once."""
+    model = load_llama(path, DEVICE, dtype)
+    runner = ModelRunner(model, num_blocks=64, block_size=block_size,
+                         backend=make_backend(backend, DEVICE, model.dtype, block_size))
+    states = [SeqBlocks() for _ in prompts]
+    for st, p in zip(states, prompts, strict=True):
+        st.ensure(runner.blocks, len(p))
+    outs = [[] for _ in prompts]
+    for start in range(0, max(len(p) for p in prompts), chunk):
+        live = [i for i, p in enumerate(prompts) if start < len(p)]
+        chunks = [prompts[i][start:start + chunk] for i in live]
+        hidden = runner.forward_chunks([states[i] for i in live], chunks)
+        logits = runner.logits(hidden)
+        for row, i in enumerate(live):
+            outs[i].append(logits[row, logits.shape[1] - len(chunks[row]):].cpu())  # left-padded rows
+    return [torch.cat(o) for o in outs]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(tmp_path, case):
+    path = save_tiny_llama(tmp_path / case, vocab=300, layers=2, seed=3, **CASES[case])
+    hf = hf_model(path)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (29, 5, 70)]
+    with torch.no_grad():
+        expected = [hf(torch.tensor([p])).logits[0] for p in prompts]
+    # all at once (prefill), then in ragged chunks of 7 (padding, partial blocks), then token by token
+    for chunk in (128, 7, 1):
+        got = engine_logits(path, prompts, chunk)
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    assert (expected[2][50:] - expected[2][50:].mean(-1, keepdim=True)).abs().max() > 0.1  # not degenerate
+
+
+def test_sharded_and_half_precision_checkpoints(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    path = save_tiny_llama(tmp_path / "full", vocab=300, layers=2, seed=5)
+    hf = hf_model(path)
+    sharded = tmp_path / "sharded"
+    hf.save_pretrained(sharded, max_shard_size="100KB")
+    assert len(list(sharded.glob("*.safetensors"))) > 1
+    prompt = list(range(10, 40))
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(engine_logits(sharded, [prompt], 64)[0], expected, rtol=1e-4, atol=1e-4)
+
+    bf16 = tmp_path / "bf16"
+    LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(bf16)
+    assert LlamaConfig.from_dir(bf16).checkpoint_dtype == torch.bfloat16
+    model = load_llama(bf16, "cpu", "auto")
+    assert model.dtype == torch.float32  # "auto" computes in fp32 on CPU
+    got = engine_logits(bf16, [prompt], 64)[0]
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()  # bf16 weights: close, not equal
+    half = load_llama(path, "cpu", "bfloat16")
+    assert half.embed.dtype == torch.bfloat16
+
+
+def _flash_attn_usable() -> bool:
+    import importlib.util
+
+    return DEVICE.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None
+
+
+@pytest.mark.skipif(not _flash_attn_usable(), reason="needs PCGTTS_TEST_DEVICE=cuda and flash-attn")
+def test_flash_attn_backend_matches_sdpa(tmp_path):
+    path = save_tiny_llama(tmp_path / "m", vocab=300, hidden=128, heads=4, kv_heads=2, layers=2, seed=9)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (300, 5, 90)]
+    for chunk in (512, 7, 1):
+        flash = engine_logits(path, prompts, chunk, block_size=256, backend="flash_attn", dtype="bfloat16")
+        sdpa = engine_logits(path, prompts, chunk, block_size=256, backend="sdpa", dtype="bfloat16")
+        for f, s in zip(flash, sdpa, strict=True):
+            assert (f - s).abs().max() < 0.05 * s.abs().max()

@@ -1,0 +1,239 @@
+"""Sampled speculative decoding has the target's distribution (after penalty, constraint and warping).
+
+The reference distribution is computed independently: transformers' model, its logits processors
+(repetition penalty, temperature, top-k, top-p) and the constraint, position by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
+from scipy.stats import chisquare
+
+from engine import Engine, SamplingParams
+from engine.speech.base import DecodeConstraint
+
+V = 12
+GROUP = [8, 9, 10]  # "markers": the constraint moves their joint mass onto one of them
+PROMPT = [1, 2, 3, 8]
+ALPHA = 1e-3
+
+
+class MergeOnto(DecodeConstraint):
+    """All mass of GROUP goes to GROUP[len(history) % 3]: history-dependent, like the phoneme-marker merge."""
+
+    def apply(self, logits, histories):
+        out = logits.clone()
+        for i, history in enumerate(histories):
+            merged = torch.logsumexp(logits[i, GROUP], dim=0)
+            out[i, GROUP] = float("-inf")
+            out[i, GROUP[len(history) % len(GROUP)]] = merged
+        return out
+
+
+SETTINGS = {
+    "penalty+constraint+topk": SamplingParams(temperature=0.8, top_k=7, repetition_penalty=1.5, max_tokens=2,
+                                              constraint=MergeOnto()),
+    "topp": SamplingParams(temperature=1.3, top_p=0.8, max_tokens=2),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sampling")
+    target = save_tiny_llama(root / "target", vocab=V, hidden=32, heads=2, kv_heads=1, intermediate=64,
+                             layers=2, seed=21, init_std=0.3)
+    draft = save_draft_from(target, root / "draft", layers=2, noise=0.5)
+    return target, draft
+
+
+def reference_probs(hf, tokens: list[int], generated: list[int], params: SamplingParams) -> torch.Tensor:
+    from transformers import (
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        scores = hf(ids).logits[:, -1].float()
+    if params.repetition_penalty != 1:
+        scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(ids, scores)
+    if params.constraint is not None:
+        scores = params.constraint.apply(scores, [generated])
+    scores = TemperatureLogitsWarper(params.temperature)(ids, scores)
+    if params.top_k:
+        scores = TopKLogitsWarper(params.top_k)(ids, scores)
+    if params.top_p < 1:
+        scores = TopPLogitsWarper(params.top_p)(ids, scores)
+    return torch.softmax(scores, dim=-1)[0].double()
+
+
+def reference_joint(target_dir, params: SamplingParams) -> torch.Tensor:
+    """P(x1, x2) [V, V] of the processed target."""
+    hf = hf_model(target_dir)
+    p1 = reference_probs(hf, PROMPT, [], params)
+    joint = torch.zeros(V, V, dtype=torch.float64)
+    for x1 in range(V):
+        if p1[x1] > 0:
+            joint[x1] = p1[x1] * reference_probs(hf, PROMPT + [x1], [x1], params)
+    return joint
+
+
+def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Pearson chi-square of counts against probabilities, cells with expected < 5 pooled."""
+    n = counts.sum()
+    expected = expected_probs.flatten() * n
+    counts = counts.flatten().double()
+    assert counts[expected == 0].sum() == 0, "a token the target rules out was emitted"
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def empirical_joint(engine: Engine, params: SamplingParams, n: int) -> torch.Tensor:
+    counts = torch.zeros(V, V, dtype=torch.long)
+    for g in engine.generate([PROMPT] * n, params):
+        counts[g.token_ids[0], g.token_ids[1]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("rule", ["exact", "pcg-singletons"])
+def test_speculative_sampling_has_target_distribution(models, tmp_path, setting, rule):
+    target, draft = models
+    params = SETTINGS[setting]
+    config = engine_config(target, draft=draft, num_speculative_tokens=2, max_num_seqs=256,
+                          max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=7)
+    if rule == "pcg-singletons":
+        from asg_tables import ASGTable
+
+        ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+        config.acceptance, config.asg_table = "pcg", tmp_path / "singletons.asg"
+    engine = Engine(config)
+    counts = empirical_joint(engine, params, n=3000)
+    expected = reference_joint(target, params)
+    assert chi2_pvalue(counts, expected) > ALPHA
+    m = engine.metrics()
+    assert 0.2 < m.spec_accepted_tokens / m.spec_drafted_tokens < 0.95  # rejections were resampled
+
+
+def test_target_only_sampling_has_target_distribution(models):
+    params = SETTINGS["penalty+constraint+topk"]
+    engine = Engine(engine_config(models[0], max_num_seqs=256, max_waiting=4096, seed=3))
+    assert chi2_pvalue(empirical_joint(engine, params, n=2000), reference_joint(models[0], params)) > ALPHA
+
+
+def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
+    from asg_tables import ASGTable
+
+    ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+    prompts = [[t % V for t in range(s, s + 3 + s % 5)] for s in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=16, constraint=MergeOnto(), repetition_penalty=1.2)
+    outs = {}
+    for rule in ("exact", "pcg"):
+        engine = Engine(engine_config(models[0], draft=models[1], acceptance=rule,
+                                     asg_table=tmp_path / "singletons.asg", num_speculative_tokens=3))
+        outs[rule] = [g.token_ids for g in engine.generate(prompts, params)]
+    target_only = Engine(engine_config(models[0]))
+    assert outs["exact"] == outs["pcg"] == [g.token_ids for g in target_only.generate(prompts, params)]
+    # per-request rule override: one batch, half verified by the engine's pcg, half by exact
+    mixed = [replace(params, acceptance="exact" if i % 2 else None) for i in range(len(prompts))]
+    assert [g.token_ids for g in engine.generate(prompts, mixed)] == outs["exact"]
+    assert sorted(engine._rules) == [("exact", None), ("pcg", None)]
+
+
+def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
+    """Sampled (T > 0): with group k = {k}, PCG replays exact's random draws, so seeded outputs match."""
+    from asg_tables import ASGTable
+
+    ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+    prompts = [[t % V for t in range(s, s + 3 + s % 5)] for s in range(8)]
+    params = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=100 + i, constraint=MergeOnto())
+              for i in range(len(prompts))]
+    outs, drafted = {}, {}
+    for rule in ("exact", "pcg"):
+        engine = Engine(engine_config(models[0], draft=models[1], acceptance=rule,
+                                     asg_table=tmp_path / "singletons.asg", num_speculative_tokens=3))
+        gens = engine.generate(prompts, params)
+        outs[rule] = [g.token_ids for g in gens]
+        drafted[rule] = [(g.num_drafted, g.num_accepted) for g in gens]
+    assert outs["pcg"] == outs["exact"]
+    assert drafted["pcg"] == drafted["exact"]
+    assert 0 < sum(a for _, a in drafted["exact"]) < sum(d for d, _ in drafted["exact"])  # both branches
+
+
+def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
+    engine = Engine(engine_config(models[0], draft=models[1], num_speculative_tokens=3, seed=1))
+    params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
+    alone = engine.generate([PROMPT], params)[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]
+    crowd = engine.generate([[5, 6], PROMPT, [7, 7, 7], [1]], [others[0], params, others[1], others[2]])
+    assert crowd[1].token_ids == alone
+    other_seed = engine.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=30, seed=99))[0]
+    assert other_seed.token_ids != alone
+
+
+def test_two_level_inverse_cdf_sampler_is_exact():
+    from engine.sampling import SAMPLE_BLOCK, sample_inverse_cdf
+
+    gen = torch.Generator().manual_seed(0)
+    v = 2 * SAMPLE_BLOCK + 37  # a ragged last block
+    probs = torch.rand(v, generator=gen) ** 4
+    probs[torch.randperm(v, generator=gen)[:v // 3]] = 0  # zero-probability tokens, whole runs of them
+    probs[SAMPLE_BLOCK:SAMPLE_BLOCK + 300] = 0
+    probs /= probs.sum()
+    n = 60_000
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    u[:3] = torch.tensor([0.0, 1 - 1e-16, 0.5])
+    draws = torch.cat([sample_inverse_cdf(probs.expand(len(c), v), c) for c in u.split(5000)])
+    counts = torch.bincount(draws, minlength=v)
+    assert counts[probs == 0].sum() == 0
+    assert chi2_pvalue(counts, probs.double()) > ALPHA
+    # the same draw as a plain float64 inverse CDF for the same uniforms
+    cdf = probs.double().cumsum(0)
+    plain = torch.searchsorted(cdf, (u[:1000] * cdf[-1])[:, None], right=True)[:, 0]
+    assert (draws[:1000] == plain).float().mean() > 0.99
+
+
+def test_per_request_gamma_keeps_target_distribution(models):
+    """Rows asking for γ=1 in a γ=3 engine verify one draft per step and still sample the target."""
+    target, draft = models
+    params = replace(SETTINGS["topp"], num_speculative_tokens=1)
+    engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, max_num_seqs=256,
+                                  max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=11))
+    counts = empirical_joint(engine, params, n=3000)
+    assert chi2_pvalue(counts, reference_joint(target, params)) > ALPHA
+    m = engine.metrics()
+    assert m.spec_drafted_tokens == m.spec_num_drafts > 0  # one draft verified per row per step
+    assert m.spec_accepted_per_position[1:] == [0, 0]
+    with pytest.raises(ValueError, match="exceeds"):
+        engine.generate([PROMPT], replace(params, num_speculative_tokens=4))
+
+
+def test_per_request_asg_table(models, tmp_path):
+    """A request picks one of the engine's ASG tables by name: one group over the whole vocabulary accepts
+    every draft (P_c = Q_c = 1), singletons only as often as exact does."""
+    from asg_tables import ASGTable
+
+    target, draft = models
+    ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
+    ASGTable.from_groups([list(range(V))], V).save(tmp_path / "everything.asg")
+    engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=2, acceptance="pcg",
+                                  asg_table=tmp_path / "singletons.asg", max_num_seqs=64,
+                                  extra_asg_tables={"everything": tmp_path / "everything.asg"}))
+    assert list(engine.asg_table_paths) == ["singletons", "everything"]
+    rate = {}
+    for table in ("singletons", "everything"):
+        out = engine.generate([PROMPT] * 64, replace(SETTINGS["topp"], max_tokens=8, asg_table=table))
+        rate[table] = sum(g.num_accepted for g in out) / sum(g.num_drafted for g in out)
+    assert rate["everything"] == 1.0 and rate["singletons"] < 0.95
+    with pytest.raises(ValueError, match="no ASG table named"):
+        engine.generate([PROMPT], replace(SETTINGS["topp"], asg_table="missing"))

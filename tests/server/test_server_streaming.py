@@ -1,0 +1,164 @@
+"""Streaming behaviour: early first bytes, streamed == whole output, seamless joins, aborts on disconnect,
+shared batches under concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_support import wait_idle, wait_running
+
+from tts.service import SynthesisOptions
+
+LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
+             "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?")
+TWO_SENTENCES = "The quick brown fox jumps over the lazy dog. She sells shells."
+
+
+def metric(url: str, name: str, **labels) -> float:
+    text = httpx.get(url + "/metrics").text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def test_first_bytes_arrive_while_generation_is_still_running(live_server, tts_service):
+    wait_idle(tts_service)
+    body = {"model": "tts-1", "voice": "alloy", "input": TWO_SENTENCES, "response_format": "pcm", "seed": 5}
+    received, running_at_first, tokens_at_first = [], None, None
+    start = time.monotonic()
+    with httpx.stream("POST", live_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        for chunk in response.iter_bytes():
+            if chunk and running_at_first is None:
+                first_at = time.monotonic() - start
+                stats = tts_service.engine_stats()
+                running_at_first, tokens_at_first = stats.num_running, stats.generation_tokens
+            received.append(chunk)
+    end_at = time.monotonic() - start
+    assert running_at_first >= 1, "the first audio bytes came only after generation had finished"
+    assert tokens_at_first < tts_service.engine_stats().generation_tokens
+    assert first_at < 0.5 * end_at
+    assert len(received[0]) < 0.5 * sum(map(len, received))
+
+
+def test_streamed_pcm_equals_whole_pcm_for_the_same_seed(live_server):
+    client = openai.OpenAI(base_url=live_server.url + "/v1", api_key="-", max_retries=0, timeout=120)
+    args = dict(model="tts-1", voice="alloy", input=TWO_SENTENCES, response_format="pcm")
+    with client.audio.speech.with_streaming_response.create(**args, extra_body={"seed": 21}) as response:
+        pieces = list(response.iter_bytes())
+    streamed = np.frombuffer(b"".join(pieces), "<i2").astype(np.int32)
+    whole_response = client.audio.speech.create(**args, extra_body={"seed": 21, "stream": False})
+    assert "content-length" in whole_response.response.headers
+    assert int(whole_response.response.headers["x-pcgtts-output-tokens"]) > 0
+    whole = np.frombuffer(whole_response.read(), "<i2").astype(np.int32)
+    assert len(pieces) > 2 and streamed.size == whole.size > 24000
+    # The stream resamples chunk by chunk, the whole response in one pass: at most a rounding step apart.
+    assert np.max(np.abs(streamed - whole)) <= 1
+
+
+def test_chunk_joins_have_no_discontinuity(tts_service, record_property):
+    """Sample-to-sample jumps where streamed chunks meet are no larger than jumps inside chunks."""
+    async def chunks():
+        synth = tts_service.synthesize(TWO_SENTENCES, None, SynthesisOptions(seed=2))
+        return [chunk async for chunk in synth]
+
+    pieces = asyncio.run(chunks())
+    audio = np.concatenate(pieces)
+    joins = np.cumsum([p.size for p in pieces])[:-1]
+    assert joins.size >= 4
+    jumps = np.abs(np.diff(audio))  # jumps[i] = |audio[i + 1] - audio[i]|
+    at_joins = jumps[joins - 1]
+    inside = np.delete(jumps, joins - 1)
+    typical = float(np.quantile(inside, 0.999))
+    record_property("max_join_jump", float(at_joins.max()))
+    record_property("p999_inside_jump", typical)
+    assert at_joins.max() <= typical, (at_joins.max(), typical)
+    # Joins are where blocks were decoded separately: the stream equals a one-pass decode exactly.
+    whole = asyncio.run(_whole(tts_service))
+    assert np.array_equal(audio, whole)
+
+
+async def _whole(service) -> np.ndarray:
+    synth = service.synthesize(TWO_SENTENCES, None, SynthesisOptions(seed=2, streaming=False))
+    return np.concatenate([chunk async for chunk in synth])
+
+
+def test_client_disconnect_aborts_generation_and_frees_kv(live_server, tts_service):
+    wait_idle(tts_service)
+    aborted_before = metric(live_server.url, "pcgtts:requests_total", status="aborted")
+    body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT * 3, "response_format": "pcm"}
+    with httpx.stream("POST", live_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
+        next(response.iter_bytes())
+        wait_running(tts_service)
+        closed_at = time.monotonic()
+    freed_after = wait_idle(tts_service)
+    assert freed_after < 2.0, f"KV freed only {freed_after:.2f} s after the disconnect"
+    assert time.monotonic() - closed_at < 5.0
+    deadline = time.monotonic() + 5
+    while metric(live_server.url, "pcgtts:requests_total", status="aborted") <= aborted_before:
+        assert time.monotonic() < deadline, "the aborted request was not counted"
+        time.sleep(0.05)
+
+
+def test_concurrent_streams_share_the_engine_batch(live_server, tts_service):
+    wait_idle(tts_service)
+    peak, done = [0], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], tts_service.engine_stats().num_running)
+            time.sleep(0.005)
+
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {"model": "tts-1", "voice": "alloy", "input": f"Stream {i} says hi.", "response_format": "pcm",
+                "seed": i}
+        async with client.stream("POST", "/v1/audio/speech", json=body) as response:
+            assert response.status_code == 200
+            return len(await response.aread())
+
+    async def run() -> list[int]:
+        async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(4)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        sizes = asyncio.run(run())
+    finally:
+        done.set()
+        watcher.join()
+    assert all(size > 4800 for size in sizes)
+    assert peak[0] >= 2, "concurrent requests never shared a batch"
+
+
+def test_speed_scales_duration(live_server):
+    url = live_server.url + "/v1/audio/speech"
+    body = {"model": "tts-1", "voice": "alloy", "input": "Speed test.", "response_format": "pcm", "seed": 9}
+    normal = len(httpx.post(url, json=body, timeout=120).content)
+    for speed in (0.5, 2.0):
+        changed = len(httpx.post(url, json={**body, "speed": speed}, timeout=120).content)
+        assert changed / normal == pytest.approx(1 / speed, rel=0.08), speed
+
+
+def test_disconnect_before_the_first_audio_aborts_too(live_server, tts_service):
+    """A client that gives up while waiting for the first chunk (no headers sent yet) frees its request."""
+    wait_idle(tts_service)
+    body = json.dumps({"model": "tts-1", "voice": "alloy", "input": LONG_TEXT, "response_format": "pcm"})
+    request = (f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+    with socket.create_connection(("127.0.0.1", live_server.port)) as sock:
+        sock.sendall(request)
+        wait_running(tts_service)  # generating, no audio yet: the codec needs a full first block
+    assert wait_idle(tts_service) < 2.0

@@ -1,0 +1,183 @@
+"""The TTS service the server talks to (tts/service.py): segmentation, long inputs, options, abort."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from server_support import wait_idle
+
+from tts.service import InvalidOptions, NothingToSay, SynthesisOptions
+from tts.text import split_sentences
+
+
+def test_split_sentences_keeps_order_and_bounds_length():
+    text = ("First sentence here. Second one! A third? " + "word " * 120 + "end. Ok. Yes.")
+    pieces = split_sentences(text, max_chars=80)
+    assert all(len(p) <= 80 for p in pieces)
+    assert " ".join(pieces).split() == text.split()  # nothing lost, nothing reordered
+    assert pieces[-1].endswith("Ok. Yes.")  # tiny sentences are merged
+    assert split_sentences("  \n ") == []
+
+
+def test_long_input_is_spoken_segment_by_segment(tts_service):
+    text = "Sentence one is here. Sentence two is here. And three."
+    segments = tts_service.segments(text)
+    assert len(segments) >= 2
+
+    async def run():
+        synth = tts_service.synthesize(text, None, SynthesisOptions(seed=1))
+        chunks = [c async for c in synth]
+        return np.concatenate(chunks), synth.stats
+
+    audio, stats = asyncio.run(run())
+    assert stats.sentences == len(segments) and stats.finish_reason == "stop"
+    assert audio.size == stats.audio_samples and stats.audio_seconds > 0.3 * len(segments)
+    # The pause between segments is real silence.
+    silent = np.convolve(np.abs(audio) < 1e-6, np.ones(960), "valid") == 960  # 60 ms of zeros
+    assert silent.any()
+
+
+@pytest.mark.parametrize(("options", "param"), [
+    (SynthesisOptions(acceptance="nope"), "acceptance"),
+    (SynthesisOptions(num_speculative_tokens=7), "num_speculative_tokens"),
+    (SynthesisOptions(asg_table="other"), "asg_table"),
+])
+def test_options_the_engine_cannot_honour_are_refused(tts_service, options, param):
+    with pytest.raises(InvalidOptions) as info:
+        tts_service.synthesize("Hello.", None, options)
+    assert info.value.param == param
+
+
+def test_per_request_rule_and_target_only_requests_run(tts_service):
+    async def run(rule):
+        synth = tts_service.synthesize("Hello there.", None, SynthesisOptions(seed=3, acceptance=rule))
+        return [c async for c in synth], synth.stats
+
+    for rule in tts_service.acceptance_rules:
+        chunks, stats = asyncio.run(run(rule))
+        assert chunks and stats.drafted_tokens > 0 and 0 <= stats.accepted_tokens <= stats.drafted_tokens
+
+
+def test_nothing_to_say(tts_service):
+    with pytest.raises(NothingToSay):
+        tts_service.synthesize("?!", None)
+
+
+def test_aclose_aborts_and_frees_kv(tts_service):
+    async def run():
+        synth = tts_service.synthesize("This sentence is long enough to be cut off in the middle. " * 3, None)
+        first = await synth.__anext__()
+        await synth.aclose()
+        return first, synth.stats
+
+    first, stats = asyncio.run(run())
+    assert first.size > 0 and stats.finish_reason == "abort"
+    assert wait_idle(tts_service) < 2.0
+
+
+def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
+    """Streams spread over two codec threads give the same audio as on the shared one-thread service."""
+    from tts.service import TTSConfig, TTSService
+
+    async def many(service):
+        async def one(i):
+            synth = service.synthesize(f"Stream {i} is here.", None, SynthesisOptions(seed=i))
+            return np.concatenate([c async for c in synth])
+        return await asyncio.gather(*(one(i) for i in range(3)))
+
+    two = TTSService.load(TTSConfig(model_dir=demo_bundle, decode_threads=2))
+    try:
+        spread = asyncio.run(many(two))
+    finally:
+        two.close()
+    for a, b in zip(spread, asyncio.run(many(tts_service)), strict=True):
+        # same tokens and blocks; only the float rounding of batched FFTs depends on what shares a call
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=2e-3)
+        assert np.abs(a - b).mean() < 1e-4
+
+
+def test_concurrent_streams_share_batched_codec_calls(tts_service):
+    """Streams running together are decoded in shared codec calls, and each one's audio is what it
+    gets when it runs alone (up to float rounding: batched FFTs round differently, and Griffin-Lim's
+    iterations carry that to ~1e-4)."""
+    texts = [f"Batch member {i} speaks a sentence." for i in range(4)]
+
+    async def one(i):
+        synth = tts_service.synthesize(texts[i], None, SynthesisOptions(seed=i))
+        return np.concatenate([c async for c in synth])
+
+    async def together():
+        return await asyncio.gather(*(one(i) for i in range(4)))
+
+    before = tts_service.codec_stats()
+    shared = asyncio.run(together())
+    after = tts_service.codec_stats()
+    assert after.stream_jobs - before.stream_jobs > after.calls - before.calls  # some call served >1 stream
+    for i, audio in enumerate(shared):
+        alone = asyncio.run(one(i))
+        assert audio.shape == alone.shape
+        np.testing.assert_allclose(audio, alone, atol=2e-3)
+        assert np.abs(audio - alone).mean() < 1e-4  # a mixed-up stream differs by ~1e-2
+
+
+def test_decode_pool_runs_earliest_deadline_first(tts_service):
+    """With the codec thread busy, a queued first chunk (deadline 0) overtakes a stream ahead of playback."""
+    from tts.decode_pool import DecodePool
+
+    codec = tts_service.codec
+    rng = np.random.default_rng(0)
+    long_codes = rng.integers(0, codec.codebook_size, size=500)  # 10 s of audio keeps the thread busy
+    codes = rng.integers(0, codec.codebook_size, size=60)
+    finished: list[str] = []
+
+    async def job(pool, name, deadline):
+        await pool.push(codec.streaming_decoder(), long_codes if name == "busy" else codes, deadline)
+        finished.append(name)
+
+    async def run():
+        pool = DecodePool(codec, threads=1)
+        try:
+            busy = asyncio.create_task(job(pool, "busy", 0.0))
+            await asyncio.sleep(0.05)  # the thread has taken "busy"; the next two wait in its queue
+            await asyncio.gather(job(pool, "ahead-of-playback", 1e9), job(pool, "first-chunk", 0.0), busy)
+        finally:
+            pool.close()
+
+    asyncio.run(run())
+    assert finished == ["busy", "first-chunk", "ahead-of-playback"]
+
+
+def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
+    """A/B tests in one server: a request names one of the loaded ASG tables, or verifies fewer drafts
+    than the engine's γ."""
+    from asg_tables import ASGTable
+    from tts.service import TTSConfig, TTSService
+
+    service = TTSService.load(TTSConfig(model_dir=demo_bundle))
+    vocab = service.engine.vocab_size
+    service.close()
+    ASGTable.from_groups([list(range(vocab))], vocab).save(tmp_path / "everything.asg")
+    service = TTSService.load(TTSConfig(model_dir=demo_bundle,
+                                        extra_asg_tables={"everything": tmp_path / "everything.asg"}))
+    try:
+        names = service.capabilities()["asg_tables"]
+        assert names[0] == service.asg_table_name and names[-1] == "everything"  # default first, --extra last
+
+        async def run(**options):
+            synth = service.synthesize("Hello there, how are you?", None, SynthesisOptions(seed=4, **options))
+            [c async for c in synth]
+            return synth.stats
+
+        # one group over every token: P_c = Q_c = 1, so every draft is accepted
+        assert asyncio.run(run(asg_table="everything")).acceptance_rate == 1.0
+        assert asyncio.run(run()).acceptance_rate < 0.9
+        # γ = 1: each step verifies one draft and emits it or a replacement, plus a bonus when accepted
+        one = asyncio.run(run(num_speculative_tokens=1))
+        assert one.drafted_tokens > 0
+        assert one.accepted_tokens + one.drafted_tokens - one.sentences <= one.generated_tokens
+        assert one.generated_tokens <= one.accepted_tokens + one.drafted_tokens
+    finally:
+        service.close()

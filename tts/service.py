@@ -1,0 +1,505 @@
+"""The TTS service: text + voice in, streamed audio out. The one engine module the server imports.
+
+`TTSService.load(TTSConfig(...))` opens a model bundle (speech family, codec, target/draft models) and
+starts an `AsyncEngine`, whose step loop runs in its own thread. `synthesize(text, voice, options)`
+returns a `Synthesis`, an async iterator of float32 audio chunks at the codec's rate:
+
+* long text is split into sentences (the family's own splitter when it has one), generated one after
+  another within the same stream, joined by a short pause;
+* speech tokens stream from the engine into the codec's streaming decoder, which decodes overlapping
+  blocks and cross-fades them, so streamed audio equals a one-pass decode and joins are inaudible;
+  audio leaves as soon as the codec has a final block;
+* the codec work of all live streams runs on `DecodePool` threads (one by default), so the event loop
+  never runs model code;
+* closing the iterator (`aclose`) aborts the engine request and frees its KV blocks.
+
+Per-request statistics (time to first audio, tokens, drafted/accepted, audio seconds) are on
+`Synthesis.stats`; the engine's counters on `TTSService.engine_stats()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from engine.codec.base import Codec, StreamingDecoder
+from engine.metrics import EngineMetrics
+from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from tts.decode_pool import CodecStats, DecodePool
+from tts.text import split_sentences
+
+__all__ = ["TTSConfig", "SynthesisOptions", "SynthesisStats", "EngineStats", "Synthesis", "TTSService",
+           "VoicePrompt", "InvalidOptions", "NothingToSay", "ServiceOverloaded", "InputTooLong",
+           "ServiceUnavailable",
+           "split_sentences"]
+
+log = logging.getLogger("pcgtts.tts")
+
+
+# ----------------------------------------------------------------------------------------------- errors
+class InvalidOptions(ValueError):
+    """A synthesis option the served engine cannot honour; `param` names the request field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+class NothingToSay(ValueError):
+    """The input holds nothing the model can speak (e.g. only punctuation)."""
+
+
+class ServiceOverloaded(RuntimeError):
+    """The engine's waiting queue is full; retry later."""
+
+
+class InputTooLong(ValueError):
+    """A sentence's prompt does not fit the model length or KV capacity."""
+
+
+class ServiceUnavailable(RuntimeError):
+    """The engine has shut down."""
+
+
+# ----------------------------------------------------------------------------------------------- config
+@dataclass
+class TTSConfig:
+    """How the service loads its model and streams audio. Every default suits a 2-core CPU."""
+
+    model_dir: str | Path = DEFAULT_MODEL_DIR
+    codec_dir: str | Path | None = None  # overrides the bundle's codec
+    draft_dir: str | Path | None = None  # overrides the bundle's draft
+    device: str = "cpu"
+    acceptance: str = "pcg"  # "none" decodes with the target alone
+    num_speculative_tokens: int = 3  # γ
+    asg_table: str | Path | None = None  # overrides the bundle's ASG table (θ choice)
+    extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)  # more, picked per request by name
+    kv_budget_tokens: int | None = None
+    max_num_seqs: int = 16
+    max_waiting: int = 64
+    max_tokens: int = 1000  # default cap on generated tokens per sentence
+    decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
+    # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
+    # codec's own. Only block codecs (the demo codec) have one.
+    initial_codec_chunk_frames: int | None = None
+    sentence_max_chars: int = 220
+    sentence_pause_s: float = 0.12  # silence between sentences of one input
+
+
+@dataclass
+class SynthesisOptions:
+    """Per-request sampling and speculative choices; None = the service default."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    acceptance: str | None = None
+    num_speculative_tokens: int | None = None
+    asg_table: str | None = None
+    streaming: bool = True  # False: decode each sentence in one pass (whole responses)
+
+
+@dataclass
+class SynthesisStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    audio_samples: int = 0
+    sample_rate: int = 0
+    sentences: int = 0
+    started_at: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None  # since `synthesize` was called
+    first_audio_s: float | None = None
+    finished_s: float | None = None
+    decode_s: float = 0.0  # codec time spent on this request's windows
+    finish_reason: str | None = None  # stop | length | abort
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
+
+    def playback_deadline(self) -> float:
+        """perf_counter time at which a listener who started at the first chunk runs out of audio;
+        0 (before everything else) while the listener has no audio at all."""
+        if self.first_audio_s is None:
+            return 0.0
+        return self.started_at + self.first_audio_s + self.audio_seconds
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+
+# The engine's own snapshot (gauges and cumulative counters), re-exported so the server imports only this
+# module; `engine_stats()` returns it as published after the engine thread's latest step.
+EngineStats = EngineMetrics
+
+
+# ------------------------------------------------------------------------------------------- synthesis
+def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) -> np.ndarray:
+    """Short linear fades at sentence joins, so silence inserted between sentences does not click."""
+    n = min(samples, audio.size)
+    if n == 0:
+        return audio
+    ramp = np.linspace(0.0, 1.0, n, endpoint=False, dtype=np.float32)
+    if fade_in:
+        audio[:n] *= ramp
+    if fade_out:
+        audio[audio.size - n:] *= ramp[::-1]
+    return audio
+
+
+class Synthesis:
+    """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
+
+    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | None,
+                 options: SynthesisOptions):
+        self._service = service
+        self._segments = segments
+        self._voice = voice
+        self._options = options
+        self.stats = SynthesisStats(sample_rate=service.sample_rate)
+        self._gen = self._generate()
+
+    def __aiter__(self) -> Synthesis:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        chunk = await self._gen.__anext__()
+        st = self.stats
+        if st.first_audio_s is None:
+            st.first_audio_s = time.perf_counter() - st.started_at
+        st.audio_samples += chunk.size
+        return chunk
+
+    async def aclose(self) -> None:
+        """Stops generation; the engine request is aborted and its KV blocks freed."""
+        await self._gen.aclose()
+        if self.stats.finish_reason is None:
+            self.stats.finish_reason = "abort"
+
+    async def _prompt(self, index: int) -> SpeechPrompt | None:
+        """The segment's prompt, built off the event loop (the text front end takes milliseconds)."""
+        try:
+            build = self._service.family.build_prompt
+            return await asyncio.to_thread(build, self._segments[index], self._voice)
+        except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
+            log.info("skipping unspeakable segment %r", self._segments[index])
+            return None
+
+    async def _generate(self) -> AsyncIterator[np.ndarray]:
+        svc = self._service
+        pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
+        fade = int(0.005 * svc.sample_rate)
+        spoken = 0
+        for index in range(len(self._segments)):
+            prompt = await self._prompt(index)
+            if prompt is None:
+                continue
+            if spoken and pause.size:
+                yield pause
+            pending: np.ndarray | None = None  # one chunk held back to fade the sentence's end
+            async with aclosing(self._sentence(index, prompt)) as chunks:
+                async for chunk in chunks:
+                    if pending is not None:
+                        yield pending
+                    elif spoken:
+                        chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
+                    pending = chunk
+            if pending is not None:
+                yield _fade_edges(pending, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
+            spoken += 1
+            self.stats.sentences += 1
+        if not spoken:
+            raise NothingToSay("the input holds nothing this model can speak")
+        self.stats.finished_s = time.perf_counter() - self.stats.started_at
+
+    async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
+        svc, opts, st = self._service, self._options, self.stats
+        params = svc.sampling_params(opts, prompt, index)
+        st.prompt_tokens += len(prompt.token_ids)
+        decoder = svc.codec.streaming_decoder()
+        held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
+        finish_reason = None
+        with _engine_errors():
+            stream = svc.engine.stream(prompt.token_ids, params)
+            try:
+                async for delta in stream:
+                    if delta.token_ids and st.first_token_s is None:
+                        st.first_token_s = time.perf_counter() - st.started_at
+                    st.generated_tokens += len(delta.token_ids)
+                    st.drafted_tokens += delta.num_drafted
+                    st.accepted_tokens += delta.num_accepted
+                    codes = svc.family.tokens_to_codes(delta.token_ids)
+                    if codes.size:
+                        held.append(codes)
+                    if delta.finished:
+                        finish_reason = delta.finish_reason
+                        break
+                    if opts.streaming and held:
+                        audio = await svc.decode(decoder, np.concatenate(held), st)
+                        held = []
+                        if audio.size:
+                            yield audio
+            finally:
+                await stream.aclose()  # aborts the engine request if it is still running
+        if held:
+            audio = await svc.decode(decoder, np.concatenate(held), st)
+            if audio.size:
+                yield audio
+        audio = await svc.decode(decoder, None, st)
+        if audio.size:
+            yield audio
+        # The whole request ends by "length" when any sentence ran out of tokens.
+        st.finish_reason = "length" if "length" in (finish_reason, st.finish_reason) else "stop"
+
+
+@contextmanager
+def _engine_errors():
+    """Engine exceptions -> the service's own, so the server needs no engine imports."""
+    from engine.errors import EngineOverloaded, EngineShutdown, RequestTooLong
+
+    try:
+        yield
+    except EngineOverloaded as exc:
+        raise ServiceOverloaded(str(exc)) from exc
+    except RequestTooLong as exc:
+        raise InputTooLong(str(exc)) from exc
+    except EngineShutdown as exc:
+        raise ServiceUnavailable(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------------------------- service
+def _dir_digest(path: Path | None, limit: int = 256 << 20) -> str:
+    """A short content hash of a directory's files (size + mtime beyond `limit` bytes)."""
+    if path is None or not Path(path).exists():
+        return "none"
+    h = hashlib.sha1()
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
+    total = sum(p.stat().st_size for p in files)
+    for p in files:
+        h.update(str(p.relative_to(path) if Path(path).is_dir() else p.name).encode())
+        h.update(p.read_bytes() if total <= limit else f"{p.stat().st_size}:{p.stat().st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+class TTSService:
+    def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec, engine,
+                 presets: dict[str, VoicePrompt]):
+        self.config = config
+        self.bundle = bundle
+        self.family = family
+        self.codec = codec
+        self.engine = engine
+        self._presets = presets
+        self.sample_rate = int(codec.sample_rate)
+        self.model_id = Path(bundle.root).name
+        self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
+        self.decoder = DecodePool(codec, config.decode_threads)
+
+    # -- loading
+    @classmethod
+    def load(cls, config: TTSConfig) -> TTSService:
+        """Blocking: loads family, codec, presets and the engine (seconds for the embedded model)."""
+        from engine.async_engine import AsyncEngine
+        from engine.config import EngineConfig
+
+        bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
+                                      draft_dir=config.draft_dir)
+        family = bundle.load_family()
+        codec = bundle.load_codec()
+        if config.initial_codec_chunk_frames is not None:
+            if not hasattr(codec, "gl"):
+                raise ValueError(f"the {bundle.codec_name} codec has no block schedule to set")
+            codec.gl = replace(codec.gl, first_block=config.initial_codec_chunk_frames)
+        use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
+        asg = config.asg_table or bundle.asg_table
+        engine_config = EngineConfig(
+            target=bundle.target_dir,
+            draft=bundle.draft_dir if use_draft else None,
+            acceptance=config.acceptance if use_draft else "exact",
+            asg_table=asg,
+            extra_asg_tables=bundle.extra_asg_tables | dict(config.extra_asg_tables),
+            num_speculative_tokens=config.num_speculative_tokens if use_draft else 0,
+            device=config.device,
+            kv_budget_tokens=config.kv_budget_tokens,
+            max_num_seqs=config.max_num_seqs,
+            max_waiting=config.max_waiting,
+        )
+        engine = AsyncEngine(engine_config)
+        service = cls(config, bundle, family, codec, engine, {})
+        service._presets = service._load_presets()
+        _ = service.default_sampling  # a bad manifest fails at load, not on the first request
+        return service
+
+    def _load_presets(self) -> dict[str, VoicePrompt]:
+        """Preset voices: the family's own (`family.voices`, e.g. the demo family's codes + transcript
+        files), else `<name>.wav|.flac` (+ `<name>.txt` transcript) in the bundle's voices directory."""
+        own = getattr(self.family, "voices", None)
+        if own:
+            default = getattr(self.family, "default_voice", None)
+            names = sorted(own, key=lambda n: (n != default, n))  # the default preset first
+            return {name: own[name] for name in names}
+        presets: dict[str, VoicePrompt] = {}
+        voices_dir = self.bundle.voices_dir
+        files = sorted(Path(voices_dir).glob("*")) if voices_dir and Path(voices_dir).is_dir() else []
+        for audio_path in files:
+            if audio_path.suffix.lower() in (".wav", ".flac"):
+                transcript_path = audio_path.with_suffix(".txt")
+                transcript = transcript_path.read_text().strip() if transcript_path.exists() else ""
+                audio, rate = sf.read(audio_path, dtype="float32", always_2d=True)
+                presets[audio_path.stem] = self.encode_voice(audio.mean(axis=1), rate, transcript)
+        return presets
+
+    # -- voices
+    def preset_voices(self) -> dict[str, VoicePrompt]:
+        return dict(self._presets)
+
+    def encode_voice(self, audio: np.ndarray, sample_rate: int, transcript: str) -> VoicePrompt:
+        """Blocking: reference clip (float32 [n] mono at sample_rate) -> codes at the codec rate."""
+        import soxr
+
+        audio = np.asarray(audio, dtype=np.float32)
+        if sample_rate != self.sample_rate:
+            audio = soxr.resample(audio, sample_rate, self.sample_rate, quality="HQ").astype(np.float32)
+        codes = np.asarray(self.codec.encode(audio), dtype=np.int64)
+        return VoicePrompt(codes=codes, transcript=transcript)
+
+    # -- synthesis
+    def capabilities(self) -> dict:
+        return {
+            "sample_rate": self.sample_rate,
+            "acceptance": self.engine_acceptance,
+            "acceptance_rules": self.acceptance_rules,
+            "num_speculative_tokens": self.engine_gamma,
+            "asg_table": self.asg_table_name,
+            "asg_tables": self.asg_table_names,
+            "max_tokens": self.config.max_tokens,
+            "sampling_defaults": dict(self.bundle.sampling),
+        }
+
+    @cached_property
+    def default_sampling(self):
+        """SamplingParams defaults with the bundle's own (e.g. the demo model's temperature) applied."""
+        from engine.config import SamplingParams
+
+        try:
+            return replace(SamplingParams(), **self.bundle.sampling)
+        except TypeError as exc:
+            raise ValueError(f"bad 'sampling' in {self.bundle.root}'s manifest: {exc}") from exc
+
+    @property
+    def engine_acceptance(self) -> str:
+        return self.engine.config.acceptance if self.engine_gamma else "none"
+
+    @property
+    def engine_gamma(self) -> int:
+        cfg = self.engine.config
+        return cfg.num_speculative_tokens if cfg.draft else 0
+
+    @property
+    def acceptance_rules(self) -> list[str]:
+        """Rules a request may pick; the PCG/LANTERN ones only when an ASG table is loaded."""
+        if not self.engine_gamma:
+            return ["none"]
+        rules = ["exact", "ssd", "topk"]
+        if self.asg_table_names:
+            rules += ["pcg", "lantern"]
+        return rules
+
+    @property
+    def asg_table_name(self) -> str | None:
+        """The default ASG table's name (its file stem)."""
+        table = self.engine.config.asg_table
+        return Path(table).stem if table else None
+
+    @property
+    def asg_table_names(self) -> list[str]:
+        """Every ASG table a request may pick, the default first."""
+        return [*([self.asg_table_name] if self.asg_table_name else []), *self.engine.config.extra_asg_tables]
+
+    def validate(self, options: SynthesisOptions) -> None:
+        if options.acceptance is not None and options.acceptance not in self.acceptance_rules + [
+                self.engine_acceptance]:
+            raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
+                                 f"{self.acceptance_rules}.", "acceptance")
+        gamma = options.num_speculative_tokens
+        if gamma is not None and not (gamma == self.engine_gamma or 1 <= gamma <= self.engine_gamma):
+            raise InvalidOptions(f"num_speculative_tokens must lie in 1..{self.engine_gamma}, the engine's γ "
+                                 "(the draft proposes that many; a request may verify fewer).",
+                                 "num_speculative_tokens")
+        if options.asg_table is not None and options.asg_table not in self.asg_table_names:
+            raise InvalidOptions(f"ASG table {options.asg_table!r} is not loaded; choose one of "
+                                 f"{self.asg_table_names} (load more with --extra-asg-tables).", "asg_table")
+
+    def sampling_params(self, options: SynthesisOptions, prompt, index: int = 0):
+        from engine.config import SamplingParams
+
+        defaults = self.default_sampling
+        rule = options.acceptance
+        gamma = options.num_speculative_tokens
+        return SamplingParams(
+            temperature=defaults.temperature if options.temperature is None else options.temperature,
+            top_k=options.top_k if options.top_k is not None else defaults.top_k,
+            top_p=options.top_p if options.top_p is not None else defaults.top_p,
+            repetition_penalty=options.repetition_penalty or defaults.repetition_penalty,
+            max_tokens=options.max_tokens or self.config.max_tokens,
+            stop_token_ids=list(prompt.stop_token_ids),
+            seed=None if options.seed is None else options.seed + index,  # sentences get distinct seeds
+            constraint=prompt.constraint,
+            acceptance=None if rule in (None, "none", self.engine_acceptance) else rule,
+            asg_table=None if options.asg_table == self.asg_table_name else options.asg_table,
+            num_speculative_tokens=None if gamma in (None, self.engine_gamma) else gamma,
+        )
+
+    def segments(self, text: str) -> list[str]:
+        """Input text -> the pieces synthesised one after another (the family's splitter if it has one)."""
+        split = getattr(self.family, "split_text", None)
+        pieces = split(text) if split is not None else split_sentences(text, self.config.sentence_max_chars)
+        return [p for p in pieces if p.strip()]
+
+    def synthesize(self, text: str, voice: VoicePrompt | None, options: SynthesisOptions | None = None
+                   ) -> Synthesis:
+        """Nothing runs until iterated. Raises InvalidOptions, or NothingToSay for text without words, at
+        once; NothingToSay can also come from the first iteration when no segment has speakable sounds."""
+        options = options or SynthesisOptions()
+        self.validate(options)
+        segments = self.segments(text)
+        if not segments:
+            raise NothingToSay("the input holds nothing this model can speak")
+        return Synthesis(self, segments, voice, replace(options))
+
+    async def decode(self, decoder: StreamingDecoder, codes: np.ndarray | None, stats: SynthesisStats
+                     ) -> np.ndarray:
+        """Codes -> final audio via the decode threads (codes None flushes the utterance's decoder)."""
+        audio, took = await self.decoder.push(decoder, codes, stats.playback_deadline())
+        stats.decode_s += took
+        return audio
+
+    # -- monitoring and shutdown
+    def engine_stats(self) -> EngineStats:
+        return self.engine.metrics()
+
+    def codec_stats(self) -> CodecStats:
+        return self.decoder.snapshot()
+
+    def close(self) -> None:
+        self.decoder.close()
+        shutdown = getattr(self.engine, "shutdown", None) or getattr(self.engine, "close", None)
+        if shutdown is not None:
+            shutdown()
