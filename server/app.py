@@ -11,11 +11,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tts.service import TTSService
 from server.errors import APIError, install_error_handlers
 from server.routes import playground, speech, system, voices, ws
 from server.settings import ServerSettings
 from server.state import AppState
+from tts.service import TTSService
 
 API_DESCRIPTION = """
 OpenAI-compatible text-to-speech with speculative decoding (PCG acceptance).

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from fastapi import Request, WebSocket
 
-from tts.service import TTSConfig, TTSService
 from server.errors import APIError, not_ready
 from server.metrics import ServerMetrics
 from server.settings import ServerSettings
 from server.voice_store import VoiceStore
 from server.voices import VoiceLimits, VoiceResolver
+from tts.service import TTSConfig, TTSService
 
 log = logging.getLogger("pcgtts.server")
 

@@ -15,6 +15,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from server.errors import APIError, bad_request
+from server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
+from server.schemas import SamplingFields
 from tts.service import (
     InputTooLong,
     InvalidOptions,
@@ -26,9 +29,6 @@ from tts.service import (
     TTSService,
     VoicePrompt,
 )
-from server.errors import APIError, bad_request
-from server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
-from server.schemas import SamplingFields
 
 
 class ClientGone(Exception):

@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from engine.codec.base import Codec, StreamingDecoder
 from engine.metrics import EngineMetrics
 from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from tts.decode_pool import CodecStats, DecodePool
 from tts.text import split_sentences
 

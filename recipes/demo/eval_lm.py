@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 from engine import Engine, EngineConfig, SamplingParams
-from tts.bundle import ModelBundle
 from engine.codec.demo.features import HOP
 from engine.speech.base import VoicePrompt
 from engine.speech.demo.layout import MAX_REF_FRAMES
@@ -27,6 +26,7 @@ from recipes.demo.eval_tools import SpeakerEncoder, Transcriber, corpus_wer
 from recipes.demo.speakers import split_speakers
 from recipes.demo.synth_corpus import render
 from recipes.demo.voices import preset_speakers, reference_clip
+from tts.bundle import ModelBundle
 
 MAX_TOKENS = 700  # ~10 s of speech plus markers: far beyond any eval sentence
 

@@ -9,11 +9,11 @@ import pytest
 import soxr
 import torch
 
-from tts.bundle import DEFAULT_MODEL_DIR
 from engine.codec.demo.codec import DemoMelCodec
 from engine.codec.demo.features import HOP, SAMPLE_RATE
 from engine.speech.demo.espeak import ESPEAK_RATE, Voice, synthesize
 from recipes.demo.fit_codec import fit_kmeans
+from tts.bundle import DEFAULT_MODEL_DIR
 
 TEXT = "Please call Stella and ask her to bring these things."
 

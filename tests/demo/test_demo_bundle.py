@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from engine.speech.demo.layout import END, phoneme_runs
+from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 MODEL_DIR = Path(os.environ.get("PCGTTS_DEMO_MODEL_DIR", DEFAULT_MODEL_DIR))
 pytestmark = pytest.mark.skipif(not (MODEL_DIR / "pcgtts.json").exists(), reason="demo bundle not built")

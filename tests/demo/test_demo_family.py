@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine.speech.base import VoicePrompt
-from engine.speech.demo.family import DemoPhonemeFamily
 from engine.speech.demo.constraint import MarkerMergeConstraint
 from engine.speech.demo.espeak import Voice, phonemize, synthesize
+from engine.speech.demo.family import DemoPhonemeFamily
 from engine.speech.demo.layout import (
     BOS,
     END,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
 # bench/gpu_check.sh runs the equivalence tests on CUDA with PCGTTS_TEST_DEVICE=cuda.

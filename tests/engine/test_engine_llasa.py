@@ -7,7 +7,6 @@ import pytest
 from engine_support import engine_config, save_draft_from, save_tiny_llama
 
 from engine import Engine, SamplingParams
-from tts.bundle import ModelBundle
 from engine.speech.base import VoicePrompt
 from engine.speech.llasa import (
     NUM_CODES,
@@ -19,6 +18,7 @@ from engine.speech.llasa import (
     VOCAB_SIZE,
     LlasaFamily,
 )
+from tts.bundle import ModelBundle
 
 LLAMA3_SPECIALS = {"<|begin_of_text|>": 128000, "<|start_header_id|>": 128006, "<|end_header_id|>": 128007,
                    "<|eot_id|>": 128009}

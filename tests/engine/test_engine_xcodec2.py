@@ -7,8 +7,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from tts.bundle import CODECS, ModelBundle
 from engine.codec.xcodec2 import WindowedStreamingDecoder, XCodec2Codec
+from tts.bundle import CODECS, ModelBundle
 
 HOP = 4
 

@@ -17,8 +17,8 @@ from server_support import LiveServer, free_port
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tts.service import TTSConfig, TTSService
 from server.settings import ServerSettings, add_arguments, settings_from
+from tts.service import TTSConfig, TTSService
 
 
 def test_flags_override_environment_override_defaults():

@@ -12,8 +12,8 @@ import pytest
 import soundfile as sf
 from server_support import LiveServer, free_port, tone
 
-from tts.service import TTSConfig, TTSService
 from server.settings import ServerSettings
+from tts.service import TTSConfig, TTSService
 
 MAX_UPLOAD_MB = 1.0
 
