@@ -77,7 +77,7 @@ def _service_ttfa(model: Path | None, requests: int) -> dict:
     vs flat first block, alternating request by request (same texts and seeds for both)."""
     import asyncio
 
-    from tts.service import SynthesisOptions, TTSConfig, TTSService
+    from tts import SynthesisOptions, TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(**({"model_dir": model} if model else {})))
     ramped = service.codec.gl

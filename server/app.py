@@ -15,7 +15,7 @@ from server.errors import APIError, install_error_handlers
 from server.routes import playground, speech, system, voices, ws
 from server.settings import ServerSettings
 from server.state import AppState
-from tts.service import TTSService
+from tts import TTSService
 
 API_DESCRIPTION = """
 OpenAI-compatible text-to-speech with speculative decoding (PCG acceptance).

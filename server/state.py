@@ -15,7 +15,7 @@ from server.metrics import ServerMetrics
 from server.settings import ServerSettings
 from server.voice_store import VoiceStore
 from server.voices import VoiceLimits, VoiceResolver
-from tts.service import TTSConfig, TTSService
+from tts import TTSConfig, TTSService
 
 log = logging.getLogger("pcgtts.server")
 

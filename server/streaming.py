@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from server.errors import APIError, bad_request
 from server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
 from server.schemas import SamplingFields
-from tts.service import (
+from tts import (
     InputTooLong,
     InvalidOptions,
     NothingToSay,

@@ -16,7 +16,7 @@ import numpy as np
 from server.audio.decode import AudioDecodeError, DecodedAudio, decode_audio, decode_base64_audio
 from server.errors import APIError, bad_request
 from server.voice_store import StoredVoice, VoiceStore
-from tts.service import TTSService, VoicePrompt
+from tts import TTSService, VoicePrompt
 
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
                  "verse", "marin", "cedar")

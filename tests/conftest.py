@@ -25,7 +25,7 @@ def demo_bundle(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tts_service(demo_bundle):
-    from tts.service import TTSConfig, TTSService
+    from tts import TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(model_dir=demo_bundle))
     yield service

@@ -1,1 +1,23 @@
-"""The TTS service layer: text + voice -> audio, using the engine, a speech family and a codec."""
+"""The TTS service layer: text + voice -> audio, using the engine, a speech family and a codec.
+
+The server and the `pcgtts synth` CLI use only what this module exports; one request is one
+`TTSService.synthesize` call, whose `Synthesis` streams the audio.
+
+    service.py      TTSService (loads a bundle, starts the engine) and TTSConfig
+    synthesis.py    one request: its segments generated one after another, streamed as audio chunks
+    decode_pool.py  the codec threads, batched across streams
+    text.py         splitting long input into sentences
+    bundle.py       a model bundle's manifest: family, codec, target/draft, ASG tables, voices
+    errors.py       the service's exceptions
+    cli.py          `pcgtts synth`
+"""
+
+from engine.speech.base import VoicePrompt
+from tts.decode_pool import CodecStats
+from tts.errors import InputTooLong, InvalidOptions, NothingToSay, ServiceOverloaded, ServiceUnavailable
+from tts.service import EngineStats, TTSConfig, TTSService
+from tts.synthesis import Synthesis, SynthesisOptions, SynthesisStats
+
+__all__ = ["CodecStats", "EngineStats", "InputTooLong", "InvalidOptions", "NothingToSay", "ServiceOverloaded",
+           "ServiceUnavailable", "Synthesis", "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService",
+           "VoicePrompt"]

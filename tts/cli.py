@@ -33,7 +33,7 @@ async def _synthesize(service, text: str, voice, options) -> tuple[np.ndarray, o
 def run(args: argparse.Namespace) -> int:
     import soundfile as sf
 
-    from tts.service import SynthesisOptions, TTSConfig, TTSService
+    from tts import SynthesisOptions, TTSConfig, TTSService
 
     config = TTSConfig(acceptance=args.acceptance, num_speculative_tokens=args.gamma, device=args.device)
     if args.model is not None:

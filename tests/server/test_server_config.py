@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from server.settings import ServerSettings, add_arguments, settings_from
-from tts.service import TTSConfig, TTSService
+from tts import TTSConfig, TTSService
 
 
 def test_flags_override_environment_override_defaults():

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import wait_idle, wait_running
 
-from tts.service import SynthesisOptions
+from tts import SynthesisOptions
 
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
              "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?")

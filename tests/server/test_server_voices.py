@@ -13,7 +13,7 @@ import soundfile as sf
 from server_support import LiveServer, free_port, tone
 
 from server.settings import ServerSettings
-from tts.service import TTSConfig, TTSService
+from tts import TTSConfig, TTSService
 
 MAX_UPLOAD_MB = 1.0
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from server_support import wait_idle
 
-from tts.service import InvalidOptions, NothingToSay, SynthesisOptions
+from tts import InvalidOptions, NothingToSay, SynthesisOptions
 from tts.text import split_sentences
 
 
@@ -79,7 +79,7 @@ def test_aclose_aborts_and_frees_kv(tts_service):
 
 def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
     """Streams spread over two codec threads give the same audio as on the shared one-thread service."""
-    from tts.service import TTSConfig, TTSService
+    from tts import TTSConfig, TTSService
 
     async def many(service):
         async def one(i):
@@ -154,7 +154,7 @@ def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
     """A/B tests in one server: a request names one of the loaded ASG tables, or verifies fewer drafts
     than the engine's γ."""
     from asg_tables import ASGTable
-    from tts.service import TTSConfig, TTSService
+    from tts import TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(model_dir=demo_bundle))
     vocab = service.engine.vocab_size

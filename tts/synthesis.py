@@ -1,0 +1,202 @@
+"""One request's synthesis: its segments generated one after another, streamed as audio chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from engine.speech.base import SpeechPrompt, VoicePrompt
+from tts.errors import InputTooLong, NothingToSay, ServiceOverloaded, ServiceUnavailable
+
+if TYPE_CHECKING:
+    from tts.service import TTSService
+
+log = logging.getLogger("pcgtts.tts")
+
+
+@dataclass
+class SynthesisOptions:
+    """Per-request sampling and speculative choices; None = the service default."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    acceptance: str | None = None
+    num_speculative_tokens: int | None = None
+    asg_table: str | None = None
+    streaming: bool = True  # False: decode each sentence in one pass (whole responses)
+
+
+@dataclass
+class SynthesisStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    audio_samples: int = 0
+    sample_rate: int = 0
+    sentences: int = 0
+    started_at: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None  # since `synthesize` was called
+    first_audio_s: float | None = None
+    finished_s: float | None = None
+    decode_s: float = 0.0  # codec time spent on this request's windows
+    finish_reason: str | None = None  # stop | length | abort
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio_samples / self.sample_rate if self.sample_rate else 0.0
+
+    def playback_deadline(self) -> float:
+        """perf_counter time at which a listener who started at the first chunk runs out of audio;
+        0 (before everything else) while the listener has no audio at all."""
+        if self.first_audio_s is None:
+            return 0.0
+        return self.started_at + self.first_audio_s + self.audio_seconds
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+
+def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) -> np.ndarray:
+    """Short linear fades at sentence joins, so silence inserted between sentences does not click."""
+    n = min(samples, audio.size)
+    if n == 0:
+        return audio
+    ramp = np.linspace(0.0, 1.0, n, endpoint=False, dtype=np.float32)
+    if fade_in:
+        audio[:n] *= ramp
+    if fade_out:
+        audio[audio.size - n:] *= ramp[::-1]
+    return audio
+
+
+class Synthesis:
+    """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
+
+    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | None,
+                 options: SynthesisOptions):
+        self._service = service
+        self._segments = segments
+        self._voice = voice
+        self._options = options
+        self.stats = SynthesisStats(sample_rate=service.sample_rate)
+        self._gen = self._generate()
+
+    def __aiter__(self) -> Synthesis:
+        return self
+
+    async def __anext__(self) -> np.ndarray:
+        chunk = await self._gen.__anext__()
+        st = self.stats
+        if st.first_audio_s is None:
+            st.first_audio_s = time.perf_counter() - st.started_at
+        st.audio_samples += chunk.size
+        return chunk
+
+    async def aclose(self) -> None:
+        """Stops generation; the engine request is aborted and its KV blocks freed."""
+        await self._gen.aclose()
+        if self.stats.finish_reason is None:
+            self.stats.finish_reason = "abort"
+
+    async def _prompt(self, index: int) -> SpeechPrompt | None:
+        """The segment's prompt, built off the event loop (the text front end takes milliseconds)."""
+        try:
+            build = self._service.family.build_prompt
+            return await asyncio.to_thread(build, self._segments[index], self._voice)
+        except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
+            log.info("skipping unspeakable segment %r", self._segments[index])
+            return None
+
+    async def _generate(self) -> AsyncIterator[np.ndarray]:
+        svc = self._service
+        pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
+        fade = int(0.005 * svc.sample_rate)
+        spoken = 0
+        for index in range(len(self._segments)):
+            prompt = await self._prompt(index)
+            if prompt is None:
+                continue
+            if spoken and pause.size:
+                yield pause
+            pending: np.ndarray | None = None  # one chunk held back to fade the sentence's end
+            async with aclosing(self._sentence(index, prompt)) as chunks:
+                async for chunk in chunks:
+                    if pending is not None:
+                        yield pending
+                    elif spoken:
+                        chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
+                    pending = chunk
+            if pending is not None:
+                yield _fade_edges(pending, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
+            spoken += 1
+            self.stats.sentences += 1
+        if not spoken:
+            raise NothingToSay("the input holds nothing this model can speak")
+        self.stats.finished_s = time.perf_counter() - self.stats.started_at
+
+    async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
+        svc, opts, st = self._service, self._options, self.stats
+        params = svc.sampling_params(opts, prompt, index)
+        st.prompt_tokens += len(prompt.token_ids)
+        decoder = svc.codec.streaming_decoder()
+        held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
+        finish_reason = None
+        with _engine_errors():
+            stream = svc.engine.stream(prompt.token_ids, params)
+            try:
+                async for delta in stream:
+                    if delta.token_ids and st.first_token_s is None:
+                        st.first_token_s = time.perf_counter() - st.started_at
+                    st.generated_tokens += len(delta.token_ids)
+                    st.drafted_tokens += delta.num_drafted
+                    st.accepted_tokens += delta.num_accepted
+                    codes = svc.family.tokens_to_codes(delta.token_ids)
+                    if codes.size:
+                        held.append(codes)
+                    if delta.finished:
+                        finish_reason = delta.finish_reason
+                        break
+                    if opts.streaming and held:
+                        audio = await svc.decode(decoder, np.concatenate(held), st)
+                        held = []
+                        if audio.size:
+                            yield audio
+            finally:
+                await stream.aclose()  # aborts the engine request if it is still running
+        if held:
+            audio = await svc.decode(decoder, np.concatenate(held), st)
+            if audio.size:
+                yield audio
+        audio = await svc.decode(decoder, None, st)
+        if audio.size:
+            yield audio
+        # The whole request ends by "length" when any sentence ran out of tokens.
+        st.finish_reason = "length" if "length" in (finish_reason, st.finish_reason) else "stop"
+
+
+@contextmanager
+def _engine_errors():
+    """Engine exceptions -> the service's own, so the server needs no engine imports."""
+    from engine.errors import EngineOverloaded, EngineShutdown, RequestTooLong
+
+    try:
+        yield
+    except EngineOverloaded as exc:
+        raise ServiceOverloaded(str(exc)) from exc
+    except RequestTooLong as exc:
+        raise InputTooLong(str(exc)) from exc
+    except EngineShutdown as exc:
+        raise ServiceUnavailable(str(exc)) from exc
