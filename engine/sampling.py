@@ -14,31 +14,8 @@ from __future__ import annotations
 import torch
 
 from engine.acceptance import logits_to_probs
+from engine.acceptance.sampling import sample_rows
 from engine.sequence import Sequence
-
-SAMPLE_BLOCK = 1024  # vocabulary block of the two-level inverse CDF
-
-
-def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """One token per row of probs [R, V] (nonnegative, any scale) for uniforms u Float64[R] -> Long[R].
-
-    Inverse-CDF sampling in two levels (block masses, then one block's cumulative sum), so the cost is
-    one pass over V instead of a float64 cumulative sum of every row (~5x slower on CPU for V = 193,800).
-    A token of probability zero is never returned."""
-    r, v = probs.shape
-    nb = -(-v // SAMPLE_BLOCK)
-    padded = torch.nn.functional.pad(probs, (0, nb * SAMPLE_BLOCK - v)) if nb * SAMPLE_BLOCK != v else probs
-    blocks = padded.view(r, nb, SAMPLE_BLOCK)
-    block_mass = blocks.sum(-1, dtype=torch.float64)  # [R, nb]
-    block_cdf = block_mass.cumsum(-1)  # [R, nb]
-    target = u.double() * block_cdf[:, -1]  # [R]
-    b = torch.searchsorted(block_cdf, target[:, None], right=True).clamp_(max=nb - 1)  # [R, 1]
-    inner = torch.gather(blocks, 1, b[:, :, None].expand(r, 1, SAMPLE_BLOCK))[:, 0].double().cumsum(-1)
-    rest = (target[:, None] - (torch.gather(block_cdf, 1, b) - torch.gather(block_mass, 1, b)))  # [R, 1]
-    # rounding between the two levels must neither step past the block's last positive token nor below 0
-    rest = torch.minimum(rest.clamp_(min=0.0), inner[:, -1:] * (1 - 1e-12))
-    t = torch.searchsorted(inner, rest, right=True).clamp_(max=SAMPLE_BLOCK - 1)
-    return (b * SAMPLE_BLOCK + t)[:, 0]
 
 
 def presence_of(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -111,4 +88,4 @@ class BatchSampler:
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
         """probs [B, V] -> Long[B], one draw per row from the row's own generator."""
-        return sample_inverse_cdf(probs, self.uniforms())
+        return sample_rows(probs, None, self.uniforms())

@@ -1,4 +1,5 @@
-"""Batched categorical sampling driven only by an explicit torch.Generator.
+"""Batched categorical sampling driven only by an explicit torch.Generator: the one sampler of the engine
+(`BatchSampler.sample`, the draft's and the target's draws) and of the acceptance rules.
 
 Inverse-CDF sampling: one uniform per draw, so a seed reproduces the draw, and a zero-probability token
 can never be returned (searchsorted(right=True) lands on a strictly rising step of the cumulative sum).

@@ -40,6 +40,26 @@ def test_sample_rows_matches_the_distribution(vocab):
     assert one_each.shape == (rows,) and bool((probs[one_each] > 0).all())
 
 
+def test_sample_rows_is_the_plain_inverse_cdf():
+    """Whole zero blocks, a ragged tail and extreme uniforms: never a zero-probability token, and the same
+    token as a one-level float64 inverse CDF for the same uniform (the engine's draws are seeded by u)."""
+    gen = torch.Generator().manual_seed(0)
+    v = 8 * BLOCK + 37
+    probs = torch.rand(v, generator=gen) ** 4
+    probs[torch.randperm(v, generator=gen)[:v // 3]] = 0  # zero-probability tokens, whole runs of them
+    probs[BLOCK:BLOCK + 300] = 0
+    probs /= probs.sum()
+    n = 60_000
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    u[:3] = torch.tensor([0.0, 1 - 1e-16, 0.5], dtype=torch.float64)
+    draws = torch.cat([sample_rows(probs.expand(len(c), v), None, c) for c in u.split(5000)])
+    assert bool((probs[draws] > 0).all())
+    assert chi2_pvalue(draws, probs.double()) > ALPHA
+    cdf = probs.double().cumsum(0)
+    plain = torch.searchsorted(cdf, (u[:1000] * cdf[-1])[:, None], right=True)[:, 0]
+    assert (draws[:1000] == plain).float().mean() > 0.99
+
+
 def test_sample_segments_matches_weights():
     # 100k copies of two segments, [0.2, 0, 0.8] and [5, 1, 0, 4], drawn in one call
     reps = 100_000

@@ -181,28 +181,6 @@ def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
     assert other_seed.token_ids != alone
 
 
-def test_two_level_inverse_cdf_sampler_is_exact():
-    from engine.sampling import SAMPLE_BLOCK, sample_inverse_cdf
-
-    gen = torch.Generator().manual_seed(0)
-    v = 2 * SAMPLE_BLOCK + 37  # a ragged last block
-    probs = torch.rand(v, generator=gen) ** 4
-    probs[torch.randperm(v, generator=gen)[:v // 3]] = 0  # zero-probability tokens, whole runs of them
-    probs[SAMPLE_BLOCK:SAMPLE_BLOCK + 300] = 0
-    probs /= probs.sum()
-    n = 60_000
-    u = torch.rand(n, generator=gen, dtype=torch.float64)
-    u[:3] = torch.tensor([0.0, 1 - 1e-16, 0.5])
-    draws = torch.cat([sample_inverse_cdf(probs.expand(len(c), v), c) for c in u.split(5000)])
-    counts = torch.bincount(draws, minlength=v)
-    assert counts[probs == 0].sum() == 0
-    assert chi2_pvalue(counts, probs.double()) > ALPHA
-    # the same draw as a plain float64 inverse CDF for the same uniforms
-    cdf = probs.double().cumsum(0)
-    plain = torch.searchsorted(cdf, (u[:1000] * cdf[-1])[:, None], right=True)[:, 0]
-    assert (draws[:1000] == plain).float().mean() > 0.99
-
-
 def test_per_request_gamma_keeps_target_distribution(models):
     """Rows asking for γ=1 in a γ=3 engine verify one draft per step and still sample the target."""
     target, draft = models
