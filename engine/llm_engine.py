@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from engine.acceptance import AcceptanceRule, make_rule
+from engine.acceptance import RuleCache
 from engine.attention import make_backend
 from engine.config import EngineConfig, SamplingParams
 from engine.errors import RequestTooLong
@@ -84,13 +84,11 @@ class Engine:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions),
                                      num_blocks, block_size, backend)
 
-        self._tables: dict[str, object] = {}  # ASG tables by name, loaded on first use
-        self._rules: dict[tuple[str, str | None], AcceptanceRule] = {}
+        self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device)
         if self.gamma:
-            self.rule_for(config.acceptance)  # fail at start-up, not on the first request
+            self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.rule_for,
-                                          self.shared_generator)
+        self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
         self.requests: dict[str, Seq] = {}
@@ -114,40 +112,6 @@ class Engine:
         paths = {Path(default).stem: Path(default)} if default else {}
         return paths | {name: Path(path) for name, path in self.config.extra_asg_tables.items()}
 
-    def rule_for(self, name: str, table: str | None = None) -> AcceptanceRule:
-        """The acceptance rule called `name` ("" = the engine's configured rule) over the ASG table called
-        `table` (None = the default; only group rules use one), built once."""
-        name = name or self.config.acceptance
-        table = table or None
-        key = (name, table if name in ("pcg", "lantern") else None)
-        if key not in self._rules:
-            params = dict(self.config.acceptance_params) if name == self.config.acceptance else {}
-            if name in ("pcg", "lantern") and "table" not in params and "embeddings" not in params:
-                params["table"] = self._asg_table(table)
-            elif table is not None and name in ("pcg", "lantern"):
-                raise ValueError(f"the {name!r} rule is configured with its own groups; no table choice")
-            self._rules[key] = make_rule(name, **params)
-        return self._rules[key]
-
-    def _asg_table_path(self, name: str | None) -> tuple[str, Path]:
-        """(name, file) of the table called `name` (None = the default); ValueError if there is none."""
-        paths = self.asg_table_paths
-        if not paths:
-            raise ValueError("this acceptance rule needs an ASG table (EngineConfig.asg_table)")
-        name = name or next(iter(paths))
-        if name not in paths:
-            raise ValueError(f"no ASG table named {name!r}; this engine has {sorted(paths)}")
-        return name, paths[name]
-
-    def _asg_table(self, name: str | None = None):
-        name, path = self._asg_table_path(name)
-        if name not in self._tables:
-            from asg_tables import ASGTable  # only deployments using group rules need it
-
-            table = ASGTable.load(path)
-            self._tables[name] = table.to(self.device) if hasattr(table, "to") else table
-        return self._tables[name]
-
     @property
     def vocab_size(self) -> int:
         return self.target_config.vocab_size
@@ -164,14 +128,13 @@ class Engine:
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
         prompt_ids = self.validate(prompt_ids, params)
-        if (params.acceptance or params.asg_table) and self.gamma:
-            # build it now: a misconfigured rule fails this request only
-            self.rule_for(params.acceptance or "", params.asg_table)
+        # the rule that verifies this request's drafts, built now: a misconfigured one fails this request only
+        rule = self.rules.get(params.acceptance, params.asg_table) if self.gamma else None
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
         seq = Seq(request_id=request_id, prompt_len=len(prompt_ids), token_ids=prompt_ids,
-                       params=params, generator=generator, arrival=next(self._arrivals))
+                       params=params, generator=generator, arrival=next(self._arrivals), rule=rule)
         self.scheduler.add(seq)
         self.requests[request_id] = seq
         return request_id
@@ -186,16 +149,13 @@ class Engine:
         if len(prompt_ids) >= self.max_model_len:
             raise RequestTooLong(f"prompt of {len(prompt_ids)} tokens; the engine holds at most "
                                  f"{self.max_model_len} tokens per sequence")
-        if params.acceptance and self.gamma:
-            from engine.acceptance import RULES
-
-            if params.acceptance not in RULES:
-                raise ValueError(f"unknown acceptance rule {params.acceptance!r}")
+        if params.asg_table is not None:
+            self.rules.check_table(params.asg_table)
+        if self.gamma:
+            self.rules.check(params.acceptance, params.asg_table)
         if params.num_speculative_tokens is not None and params.num_speculative_tokens > self.gamma:
             raise ValueError(f"num_speculative_tokens {params.num_speculative_tokens} exceeds this engine's "
                              f"γ = {self.gamma}")
-        if params.asg_table is not None:
-            self._asg_table_path(params.asg_table)
         return prompt_ids
 
     def abort(self, request_id: str) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.acceptance import AcceptanceRule
 from engine.block_manager import SeqBlocks
 from engine.config import SamplingParams
 
@@ -35,6 +36,7 @@ class Sequence:
     num_streamed: int = 0  # generated tokens already handed out by step()
     ever_admitted: bool = False
     presence: torch.Tensor | None = None  # Bool[V] tokens seen so far, kept only for repetition penalty
+    rule: AcceptanceRule | None = None  # verifies this request's drafts (None: the engine has no draft)
 
     @property
     def length(self) -> int:
@@ -51,7 +53,3 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
-
-    def ready_to_decode(self) -> bool:
-        """Prefill done: K/V of every token but the last are cached in the target."""
-        return self.target.num_computed == self.length - 1

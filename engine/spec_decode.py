@@ -5,11 +5,12 @@ all but the last two (one behind after a fully accepted round, whose last draft 
 
 A speculative step for B sequences of lengths n_b:
  1. draft, γ forwards: first the 1-2 tokens it has not cached yet, then each new draft token; every
-    proposal keeps its full processed distribution q (Float[B, γ, V]) and samples x ~ q;
- 2. target, one forward over [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1 -> p (Float[B, γ+1, V]);
+    proposal keeps its full processed distribution p (Float[B, γ, V]) and samples x ~ p;
+ 2. target, one forward over [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1 -> q (Float[B, γ+1, V]);
  3. the acceptance rule decides; emitted = accepted drafts + one recovered/bonus token;
  4. both caches are rolled back to the positions whose tokens survived.
-γ = 0 (or no draft) scores only the last token with the target and samples from p.
+γ = 0 (or no draft) scores only the last token with the target and samples from q.
+Notation as in the PCG paper (and engine.acceptance): p is the draft's distribution, q the target's.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ class StepResult:
 
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, draft: ModelRunner | None, gamma: int,
-                 rule_for: callable, shared_generator: torch.Generator):
+                 shared_generator: torch.Generator):
+        """Each sequence brings the acceptance rule that verifies its drafts (`Sequence.rule`)."""
         self.target = target
         self.draft = draft if gamma > 0 else None
         self.gamma = gamma if draft is not None else 0
-        self.rule_for = rule_for  # acceptance rule name -> AcceptanceRule
         self.shared_generator = shared_generator
         self.vocab_size = target.model.cfg.vocab_size
         self.device = target.device
@@ -80,7 +81,7 @@ class SpeculativeDecoder:
         b = len(seqs)
         lengths = torch.tensor([s.length for s in seqs], device=dev)  # [B]
         drafts = torch.empty(b, g, dtype=torch.long, device=dev)  # x_1..x_γ
-        draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # q_1..q_γ
+        draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # p_1..p_γ
 
         # 1. draft: catch up on uncached tokens, then one forward per proposed token.
         states = [s.draft for s in seqs]
@@ -94,9 +95,9 @@ class SpeculativeDecoder:
                 positions = (lengths + j - 1)[:, None]
                 hidden = self.draft.forward(drafts[:, j - 1:j], positions, ones, tables)
                 logits = self.draft.logits(hidden)
-            q = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
-            draft_probs[:, j] = q
-            drafts[:, j] = sampler.sample(q)
+            p = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
+            draft_probs[:, j] = p
+            drafts[:, j] = sampler.sample(p)
         for s in seqs:
             s.draft.num_computed = s.length + g - 1
 
@@ -130,13 +131,13 @@ class SpeculativeDecoder:
 
     def _verify(self, seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
         """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing all three
-        share one call. A row with γ_i < γ is verified on its first γ_i drafts, and p at position γ_i is
+        share one call. A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is
         its bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
         g = self.gamma
         rules: dict[int, AcceptanceRule] = {}
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, (s, row_gamma, gen) in enumerate(zip(seqs, row_gammas, sampler.generators, strict=True)):
-            rule = self.rule_for(s.params.acceptance or "", s.params.asg_table)
+            rule = s.rule
             rules[id(rule)] = rule
             groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
         if len(groups) == 1 and next(iter(groups))[1] == g:

@@ -3,6 +3,9 @@
     rule = make_rule("exact")   # or "pcg" (table=), "ssd" (bias=), "topk" (k=), "lantern" (k=, delta=, ...)
     verdict = rule.verify(draft_tokens, draft_probs, target_probs, generator)
 
+`uses_asg_table(name)` says which rules work over an ASG table's groups; `RuleCache` (cache.py) builds each
+(rule, table) pair a deployment serves once, loading tables on first use.
+
 Both probability tensors must come from `logits_to_probs` with the same sampling parameters (warp.py).
 """
 
@@ -24,12 +27,24 @@ RULES = {
 }
 
 
-def make_rule(name: str, **params) -> AcceptanceRule:
-    """An acceptance rule by name; see RULES and each class for its parameters."""
+def rule_class(name: str) -> type[AcceptanceRule]:
     if name not in RULES:
         raise ValueError(f"unknown acceptance rule {name!r}; choose from {sorted(RULES)}")
     module, cls = RULES[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**params)
+    return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["RULES", "AcceptanceRule", "Verdict", "logits_to_probs", "make_rule"]
+def make_rule(name: str, **params) -> AcceptanceRule:
+    """An acceptance rule by name; see RULES and each class for its parameters."""
+    return rule_class(name)(**params)
+
+
+def uses_asg_table(name: str) -> bool:
+    """Whether the rule called `name` works over an ASG table's groups (pcg, lantern)."""
+    return rule_class(name).uses_asg_table
+
+
+from engine.acceptance.cache import RuleCache  # noqa: E402 (it builds rules with make_rule)
+
+__all__ = ["RULES", "AcceptanceRule", "RuleCache", "Verdict", "logits_to_probs", "make_rule", "rule_class",
+           "uses_asg_table"]

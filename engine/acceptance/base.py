@@ -87,6 +87,9 @@ class AcceptanceRule(ABC):
     """verify(draft_tokens, draft_probs, target_probs, generator) -> Verdict."""
 
     name: str = ""
+    # Whether the rule works over groups of tokens, given by an ASG table (`table=`) unless its own
+    # parameters supply them; RuleCache hands such rules the table a request picks.
+    uses_asg_table: bool = False
 
     @abstractmethod
     def verify(

@@ -20,6 +20,7 @@ from engine.acceptance.base import TokenLevelRule, token_probs
 
 class LanternRule(TokenLevelRule):
     name = "lantern"
+    uses_asg_table = True
 
     def __init__(
         self,

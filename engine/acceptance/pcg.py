@@ -32,6 +32,7 @@ from engine.acceptance.verdict import Verdict
 
 class PCGRule(AcceptanceRule):
     name = "pcg"
+    uses_asg_table = True
 
     def __init__(self, table: ASGTable | str, thinning_trials: int = 4, thinning_rounds: int = 8,
                  residual: str = "auto", enumerate_max_nnz: int = 1 << 16):

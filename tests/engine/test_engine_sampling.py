@@ -147,7 +147,7 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
     # per-request rule override: one batch, half verified by the engine's pcg, half by exact
     mixed = [replace(params, acceptance="exact" if i % 2 else None) for i in range(len(prompts))]
     assert [g.token_ids for g in engine.generate(prompts, mixed)] == outs["exact"]
-    assert sorted(engine._rules) == [("exact", None), ("pcg", None)]
+    assert sorted(engine.rules.built()) == [("exact", None), ("pcg", "singletons")]  # default table by name
 
 
 def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
