@@ -107,9 +107,7 @@ class TTSService:
         family = bundle.load_family()
         codec = bundle.load_codec()
         if config.initial_codec_chunk_frames is not None:
-            if not hasattr(codec, "gl"):
-                raise ValueError(f"the {bundle.codec_name} codec has no block schedule to set")
-            codec.gl = replace(codec.gl, first_block=config.initial_codec_chunk_frames)
+            codec.set_first_block_frames(config.initial_codec_chunk_frames)
         use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
         asg = config.asg_table or bundle.asg_table
         engine_config = EngineConfig(
@@ -131,13 +129,12 @@ class TTSService:
         return service
 
     def _load_presets(self) -> dict[str, VoicePrompt]:
-        """Preset voices: the family's own (`family.voices`, e.g. the demo family's codes + transcript
-        files), else `<name>.wav|.flac` (+ `<name>.txt` transcript) in the bundle's voices directory."""
-        own = getattr(self.family, "voices", None)
+        """Preset voices: the family's own (`family.preset_voices()`, e.g. the demo family's codes +
+        transcript files), else `<name>.wav|.flac` (+ `<name>.txt` transcript) in the bundle's voices
+        directory."""
+        own = self.family.preset_voices()
         if own:
-            default = getattr(self.family, "default_voice", None)
-            names = sorted(own, key=lambda n: (n != default, n))  # the default preset first
-            return {name: own[name] for name in names}
+            return own
         presets: dict[str, VoicePrompt] = {}
         voices_dir = self.bundle.voices_dir
         files = sorted(Path(voices_dir).glob("*")) if voices_dir and Path(voices_dir).is_dir() else []
@@ -197,13 +194,13 @@ class TTSService:
 
     @property
     def acceptance_rules(self) -> list[str]:
-        """Rules a request may pick; the PCG/LANTERN ones only when an ASG table is loaded."""
+        """Rules a request may pick; those that use an ASG table (pcg, lantern) only when one is loaded."""
+        from engine.acceptance import RULES, uses_asg_table
+
         if not self.engine_gamma:
             return ["none"]
-        rules = ["exact", "ssd", "topk"]
-        if self.asg_table_names:
-            rules += ["pcg", "lantern"]
-        return rules
+        rules = sorted(RULES, key=uses_asg_table)  # token-level rules first
+        return [rule for rule in rules if self.asg_table_names or not uses_asg_table(rule)]
 
     @property
     def asg_table_name(self) -> str | None:
@@ -252,8 +249,9 @@ class TTSService:
 
     def segments(self, text: str) -> list[str]:
         """Input text -> the pieces synthesised one after another (the family's splitter if it has one)."""
-        split = getattr(self.family, "split_text", None)
-        pieces = split(text) if split is not None else split_sentences(text, self.config.sentence_max_chars)
+        pieces = self.family.split_text(text)
+        if pieces is None:
+            pieces = split_sentences(text, self.config.sentence_max_chars)
         return [p for p in pieces if p.strip()]
 
     def synthesize(self, text: str, voice: VoicePrompt | None, options: SynthesisOptions | None = None
@@ -283,6 +281,4 @@ class TTSService:
 
     def close(self) -> None:
         self.decoder.close()
-        shutdown = getattr(self.engine, "shutdown", None) or getattr(self.engine, "close", None)
-        if shutdown is not None:
-            shutdown()
+        self.engine.shutdown()

@@ -7,6 +7,7 @@ A codec turns mono float32 audio at `sample_rate` into integer codes at `frame_r
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 import numpy as np
 
@@ -30,9 +31,16 @@ class StreamingDecoder(ABC):
 
 
 class Codec(ABC):
+    """Everything the TTS service asks of a codec; implementations: `demo/` and `xcodec2.py`."""
+
     sample_rate: int  # Hz of the audio `decode` returns and `encode` expects
     frame_rate: int  # codes per second
     codebook_size: int
+
+    @classmethod
+    @abstractmethod
+    def from_dir(cls, path: str | Path | None) -> Codec:
+        """The codec stored at `path` (a bundle's codec directory)."""
 
     @abstractmethod
     def encode(self, audio: np.ndarray) -> np.ndarray:
@@ -46,12 +54,13 @@ class Codec(ABC):
     def streaming_decoder(self) -> StreamingDecoder:
         """A fresh per-utterance streaming decoder."""
 
-    def decode_batch(self, codes: list[np.ndarray]) -> list[np.ndarray]:
-        """Decode several utterances; codecs that can batch override this."""
-        return [self.decode(c) for c in codes]
-
     def decode_streams(self, work: list[tuple[StreamingDecoder, np.ndarray | None]]) -> list[np.ndarray]:
         """One step of several utterances' streaming decoders (each from this codec, each at most once):
         stream i gets codes work[i][1] (None = flush) and returns its final audio so far, as its own
         push/flush would. Codecs that can batch across streams override this."""
         return [stream.flush() if codes is None else stream.push(codes) for stream, codes in work]
+
+    def set_first_block_frames(self, frames: int) -> None:
+        """Frames of the first block a streaming decoder emits (smaller: earlier first audio). Only codecs
+        that decode in blocks have such a schedule; the others refuse."""
+        raise ValueError(f"the {type(self).__name__} codec has no block schedule to set")

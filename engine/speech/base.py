@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,11 +48,19 @@ class SpeechPrompt:
 
 
 class SpeechFamily(ABC):
+    """Everything the TTS service asks of a family; implementations: `demo/` and `llasa.py`."""
+
     name: str
+
+    @classmethod
+    @abstractmethod
+    def from_dir(cls, root: str | Path) -> SpeechFamily:
+        """The family of the model bundle (or checkpoint) at `root`."""
 
     @abstractmethod
     def build_prompt(self, text: str, voice: VoicePrompt | None) -> SpeechPrompt:
-        ...
+        """Text (+ the voice to clone; None = the family's default) -> prompt; ValueError when nothing in
+        `text` is speakable."""
 
     @abstractmethod
     def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -60,3 +69,13 @@ class SpeechFamily(ABC):
     @abstractmethod
     def codes_to_tokens(self, codes: np.ndarray) -> list[int]:
         ...
+
+    def preset_voices(self) -> dict[str, VoicePrompt]:
+        """The family's own preset voices, its default first; {} when it has none (the service then reads
+        reference clips from the bundle's voices directory)."""
+        return {}
+
+    def split_text(self, text: str) -> list[str] | None:
+        """Long input -> the pieces to synthesise one after another; None: the service splits at
+        sentences."""
+        return None

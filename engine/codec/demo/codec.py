@@ -11,7 +11,7 @@ Codec directory: `codec.json` (settings), `codebook.safetensors` (`codebook` [K,
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,9 @@ class DemoMelCodec(Codec):
         self.codebook_size = codebook.shape[0]
         self.decoder = (decoder or CentroidLookup(self.codebook)).eval()
         self.gl = gl
+
+    def set_first_block_frames(self, frames: int) -> None:
+        self.gl = replace(self.gl, first_block=frames)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> DemoMelCodec:

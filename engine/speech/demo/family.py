@@ -92,6 +92,10 @@ class DemoPhonemeFamily(SpeechFamily):
     def codes_to_tokens(self, codes: np.ndarray) -> list[int]:
         return self.vocab.code_tokens(codes)
 
+    def preset_voices(self) -> dict[str, VoicePrompt]:
+        names = sorted(self.voices, key=lambda n: (n != self.default_voice, n))  # the default first
+        return {name: self.voices[name] for name in names}
+
     @staticmethod
     def split_text(text: str) -> list[str]:
         """Long input -> clause-sized chunks to synthesise one after another (sentence, then comma cuts)."""
