@@ -1,7 +1,9 @@
 """The batching engine: a Llama-family model over a paged KV cache with speculative decoding.
 
-Public API (DESIGN.md "engine"): `Engine`, `EngineConfig`, `SamplingParams`, `Generation`; the asyncio
-streaming front is `engine.async_engine.AsyncEngine`.
+Public API: `Engine`, `EngineConfig`, `SamplingParams`, `Generation`; the asyncio streaming front is
+`engine.async_engine.AsyncEngine`. Speech families (`engine.speech`), codecs (`engine.codec`) and acceptance
+rules (`engine.acceptance`) plug in through their base classes. The engine imports neither the TTS service
+(`tts`) nor the server; see the README's "Architecture".
 """
 
 from engine.config import EngineConfig, SamplingParams

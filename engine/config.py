@@ -1,4 +1,4 @@
-"""Engine and per-request sampling configuration (public contract, see DESIGN.md "engine")."""
+"""Engine and per-request sampling configuration (public contract, exported by `engine`)."""
 
 from __future__ import annotations
 

@@ -26,11 +26,3 @@ class Verdict:
     @property
     def num_emitted(self) -> torch.Tensor:  # Long[B] in [1, γ+1]
         return self.num_accepted + 1
-
-    @property
-    def num_speculative(self) -> int:
-        return self.tokens.shape[1] - 1
-
-    def accepted_mask(self) -> torch.Tensor:  # Bool[B, γ]: position i of row b was accepted
-        positions = torch.arange(self.num_speculative, device=self.tokens.device)
-        return positions[None, :] < self.num_accepted[:, None]
