@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 class EngineConfig:
     """How one engine instance loads its models and sizes its batch and KV cache.
 
-    Every default works on a 2-core CPU with the embedded model.
+    Every default works on a 2-core CPU with the embedded model. These defaults are the only ones: the TTS
+    service's config (tts.TTSConfig) and the server's settings refer to them.
     """
 
     target: str | Path  # Hugging Face-format Llama directory (config.json + *.safetensors)
@@ -33,7 +34,7 @@ class EngineConfig:
     kv_budget_bytes: int | None = None  # or: bytes for target + draft caches together (wins if set)
     max_num_seqs: int = 16  # running sequences per step
     max_num_batched_tokens: int = 2048  # prompt tokens prefilled per step (longer ones: chunked)
-    max_waiting: int = 256  # bounded FCFS waiting queue; beyond it requests are refused (EngineOverloaded)
+    max_waiting: int = 64  # bounded FCFS waiting queue; beyond it requests are refused (EngineOverloaded)
     max_model_len: int | None = None  # prompt + output cap; default min(max_position_embeddings, KV capacity)
     attention_backend: str = "auto"  # "auto" | "sdpa" (gather + SDPA, any device) | "flash_attn" (CUDA)
     seed: int = 0  # seeds the generator shared by requests without their own seed

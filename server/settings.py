@@ -11,6 +11,8 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from tts import TTSConfig
+
 MiB = 1 << 20
 
 
@@ -27,25 +29,29 @@ def _opt(default=None, help: str = "", factory=None):
 
 @dataclass
 class ServerSettings:
-    # Each option is also read from PCGTTS_<NAME>; `model=None` serves the embedded demo model.
+    # Each option is also read from PCGTTS_<NAME>; `model=None` serves the embedded demo model. Options that
+    # configure the TTS service take its defaults (TTSConfig, which takes the engine's), never a copy.
     model: str | None = _opt(None, "model bundle or Llasa checkpoint directory (default: models/demo-en)")
     codec: str | None = _opt(None, "codec directory (overrides the bundle's)")
     draft: str | None = _opt(None, "draft model directory (overrides the bundle's)")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "TCP port")
-    device: str = _opt("cpu", "cpu | cuda | cuda:N")
-    acceptance: str = _opt("pcg", "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
-    num_speculative_tokens: int = _opt(3, "draft length γ (0 = target only)")
+    device: str = _opt(TTSConfig.device, "cpu | cuda | cuda:N")
+    acceptance: str = _opt(TTSConfig.acceptance,
+                           "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
+    num_speculative_tokens: int = _opt(TTSConfig.num_speculative_tokens, "draft length γ (0 = target only)")
     asg_table: str | None = _opt(None, "ASG table file (the θ choice) for pcg/lantern; default: the bundle's")
     extra_asg_tables: str | None = _opt(None, "more ASG tables requests may pick by name (`asg_table`): "
                                               "comma-separated FILE or NAME=FILE (name: the file's stem)")
-    kv_budget_tokens: int | None = _opt(None, "KV-cache capacity in tokens per model")
-    max_num_seqs: int = _opt(16, "sequences decoded together per engine step")
-    max_waiting: int = _opt(64, "queued requests before new ones get HTTP 429")
-    max_tokens: int = _opt(1000, "default cap on speech tokens per sentence")
-    decode_threads: int = _opt(1, "codec decode threads (streams are spread over them; add with spare cores)")
-    initial_codec_chunk_frames: int | None = _opt(None, "frames in the codec's first block (smaller: earlier "
-                                                       "first audio, thinner early buffer); default: codec's")
+    kv_budget_tokens: int | None = _opt(TTSConfig.kv_budget_tokens, "KV-cache capacity in tokens per model")
+    max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
+    max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
+    max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")
+    decode_threads: int = _opt(TTSConfig.decode_threads,
+                               "codec decode threads (streams are spread over them; add with spare cores)")
+    initial_codec_chunk_frames: int | None = _opt(TTSConfig.initial_codec_chunk_frames,
+                                                  "frames in the codec's first block (smaller: earlier "
+                                                  "first audio, thinner early buffer); default: codec's")
     torch_threads: int | None = _opt(None, "torch intra-op threads (default: 1 on CPU, where the engine "
                                            "and codec threads would contend, else torch's; 0 = torch's)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 from fastapi import Request, WebSocket
@@ -21,16 +22,13 @@ log = logging.getLogger("pcgtts.server")
 
 
 def tts_config(settings: ServerSettings) -> TTSConfig:
-    base = TTSConfig()
+    """The service's config: every option the two share by name, plus the renamed ones."""
+    shared = {f.name for f in fields(TTSConfig)} & {f.name for f in fields(ServerSettings)}
+    shared -= {"extra_asg_tables"}  # a string of NAME=FILE items in the settings
     return TTSConfig(
-        model_dir=settings.model or base.model_dir, codec_dir=settings.codec, draft_dir=settings.draft,
-        device=settings.device, acceptance=settings.acceptance,
-        num_speculative_tokens=settings.num_speculative_tokens, asg_table=settings.asg_table,
-        extra_asg_tables=settings.extra_asg_table_paths,
-        kv_budget_tokens=settings.kv_budget_tokens, max_num_seqs=settings.max_num_seqs,
-        max_waiting=settings.max_waiting, max_tokens=settings.max_tokens,
-        decode_threads=settings.decode_threads,
-        initial_codec_chunk_frames=settings.initial_codec_chunk_frames)
+        **{name: getattr(settings, name) for name in shared},
+        model_dir=settings.model or TTSConfig.model_dir, codec_dir=settings.codec, draft_dir=settings.draft,
+        extra_asg_tables=settings.extra_asg_table_paths)
 
 
 class AppState:

@@ -28,6 +28,7 @@ import numpy as np
 import soundfile as sf
 
 from engine.codec.base import Codec, StreamingDecoder
+from engine.config import EngineConfig
 from engine.metrics import EngineMetrics
 from engine.speech.base import SpeechFamily, VoicePrompt
 from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
@@ -40,19 +41,20 @@ from tts.text import split_sentences
 # ----------------------------------------------------------------------------------------------- config
 @dataclass
 class TTSConfig:
-    """How the service loads its model and streams audio. Every default suits a 2-core CPU."""
+    """How the service loads its model and streams audio. Every default suits a 2-core CPU; the engine's
+    own settings default to EngineConfig's (one definition each; the server's settings refer to these)."""
 
     model_dir: str | Path = DEFAULT_MODEL_DIR
     codec_dir: str | Path | None = None  # overrides the bundle's codec
     draft_dir: str | Path | None = None  # overrides the bundle's draft
-    device: str = "cpu"
+    device: str = EngineConfig.device
     acceptance: str = "pcg"  # "none" decodes with the target alone
-    num_speculative_tokens: int = 3  # γ
+    num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
     asg_table: str | Path | None = None  # overrides the bundle's ASG table (θ choice)
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)  # more, picked per request by name
-    kv_budget_tokens: int | None = None
-    max_num_seqs: int = 16
-    max_waiting: int = 64
+    kv_budget_tokens: int | None = EngineConfig.kv_budget_tokens
+    max_num_seqs: int = EngineConfig.max_num_seqs
+    max_waiting: int = EngineConfig.max_waiting
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
@@ -100,7 +102,6 @@ class TTSService:
     def load(cls, config: TTSConfig) -> TTSService:
         """Blocking: loads family, codec, presets and the engine (seconds for the embedded model)."""
         from engine.async_engine import AsyncEngine
-        from engine.config import EngineConfig
 
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
                                       draft_dir=config.draft_dir)

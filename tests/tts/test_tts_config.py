@@ -1,0 +1,34 @@
+"""One definition per configuration default: the server's settings, the service's and the engine's agree."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields
+
+from engine import EngineConfig
+from server.settings import ServerSettings
+from server.state import tts_config
+from tts import TTSConfig
+
+
+def defaults(cls) -> dict:
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
+def test_shared_options_have_one_default():
+    server, service, engine = defaults(ServerSettings), defaults(TTSConfig), defaults(EngineConfig)
+    engine_shared = service.keys() & engine.keys() - {"acceptance"}  # the service's rule is not the engine's
+    assert {"device", "num_speculative_tokens", "kv_budget_tokens", "max_num_seqs",
+            "max_waiting"} <= engine_shared
+    assert {name: service[name] for name in engine_shared} == {name: engine[name] for name in engine_shared}
+    server_shared = server.keys() & service.keys()
+    assert {"max_waiting", "max_tokens", "decode_threads", "acceptance"} <= server_shared
+    assert {name: server[name] for name in server_shared} == {name: service[name] for name in server_shared}
+
+
+def test_every_shared_setting_reaches_the_service():
+    settings = ServerSettings(max_waiting=7, max_num_seqs=3, max_tokens=55, decode_threads=2,
+                              acceptance="exact", extra_asg_tables="wide=w.safetensors")
+    config = tts_config(settings)
+    assert (config.max_waiting, config.max_num_seqs, config.max_tokens, config.decode_threads,
+            config.acceptance) == (7, 3, 55, 2, "exact")
+    assert config.extra_asg_tables == settings.extra_asg_table_paths
