@@ -116,6 +116,14 @@ class LiveServer:
         self._thread.join(timeout=30)
 
 
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    """Polls `condition()` until it holds; fails with `what` if it still does not after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
 def wait_running(service, timeout: float = 10.0) -> None:
     """Until a request holds KV blocks (between two sentences of one input, none may for a moment)."""
     deadline = time.monotonic() + timeout

@@ -34,13 +34,22 @@ async def collect(engine: AsyncEngine, prompt, params, **kw):
     return deltas
 
 
-async def wait_idle(engine: AsyncEngine, timeout: float = 30.0):
+async def until(condition, what: str = "the condition", timeout: float = 30.0) -> None:
+    """Polls `condition()` (the engine's metrics are published after each step) until it holds."""
     for _ in range(int(timeout / 0.01)):
-        m = engine.metrics()
-        if m.num_running == 0 and m.num_waiting == 0 and m.kv_blocks_used == 0:
-            return m
+        if condition():
+            return
         await asyncio.sleep(0.01)
-    raise AssertionError(f"engine did not go idle: {engine.metrics()}")
+    raise AssertionError(f"{what} did not hold within {timeout} s")
+
+
+async def wait_idle(engine: AsyncEngine, timeout: float = 30.0):
+    def idle() -> bool:
+        m = engine.metrics()
+        return m.num_running == 0 and m.num_waiting == 0 and m.kv_blocks_used == 0
+
+    await until(idle, f"an idle engine ({engine.metrics()})", timeout)
+    return engine.metrics()
 
 
 async def test_streams_equal_blocking_generate(pair, engine):
@@ -67,12 +76,14 @@ async def test_closing_the_stream_aborts_and_frees_blocks(engine):
     m = await wait_idle(engine)
     assert m.finished == {"abort": 1}
 
+    streaming = asyncio.Event()
+
     async def consume():
         async for _ in engine.stream([4, 5], SamplingParams(max_tokens=10_000)):
-            pass
+            streaming.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.2)
+    await streaming.wait()  # the request is running: cancelling the task must abort it
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -97,7 +108,7 @@ async def test_full_waiting_queue_refuses_before_yielding(pair):
         await anext(running)  # occupies the only running slot
         waiting = eng.stream([2], long)
         waiting_task = asyncio.create_task(anext(waiting))
-        await asyncio.sleep(0.05)
+        await until(lambda: eng.metrics().num_waiting == 1)
         with pytest.raises(EngineOverloaded):
             await anext(eng.stream([3], long))
         assert eng.metrics().num_waiting == 1

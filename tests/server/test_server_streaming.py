@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
-import time
 
 import httpx
 import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_support import wait_idle, wait_running
+from server_support import wait_idle, wait_running, wait_until
 
 from tts import SynthesisOptions
 
@@ -37,19 +35,15 @@ def test_first_bytes_arrive_while_generation_is_still_running(live_server, tts_s
     wait_idle(tts_service)
     body = {"model": "tts-1", "voice": "alloy", "input": TWO_SENTENCES, "response_format": "pcm", "seed": 5}
     received, running_at_first, tokens_at_first = [], None, None
-    start = time.monotonic()
     with httpx.stream("POST", live_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
         assert response.status_code == 200
         for chunk in response.iter_bytes():
             if chunk and running_at_first is None:
-                first_at = time.monotonic() - start
                 stats = tts_service.engine_stats()
                 running_at_first, tokens_at_first = stats.num_running, stats.generation_tokens
             received.append(chunk)
-    end_at = time.monotonic() - start
     assert running_at_first >= 1, "the first audio bytes came only after generation had finished"
     assert tokens_at_first < tts_service.engine_stats().generation_tokens
-    assert first_at < 0.5 * end_at
     assert len(received[0]) < 0.5 * sum(map(len, received))
 
 
@@ -98,28 +92,20 @@ async def _whole(service) -> np.ndarray:
 def test_client_disconnect_aborts_generation_and_frees_kv(live_server, tts_service):
     wait_idle(tts_service)
     aborted_before = metric(live_server.url, "pcgtts:requests_total", status="aborted")
+    engine_aborts = tts_service.engine_stats().finished.get("abort", 0)
     body = {"model": "tts-1", "voice": "alloy", "input": LONG_TEXT * 3, "response_format": "pcm"}
     with httpx.stream("POST", live_server.url + "/v1/audio/speech", json=body, timeout=120) as response:
         next(response.iter_bytes())
         wait_running(tts_service)
-        closed_at = time.monotonic()
-    freed_after = wait_idle(tts_service)
-    assert freed_after < 2.0, f"KV freed only {freed_after:.2f} s after the disconnect"
-    assert time.monotonic() - closed_at < 5.0
-    deadline = time.monotonic() + 5
-    while metric(live_server.url, "pcgtts:requests_total", status="aborted") <= aborted_before:
-        assert time.monotonic() < deadline, "the aborted request was not counted"
-        time.sleep(0.05)
+    wait_idle(tts_service)  # KV freed ...
+    assert tts_service.engine_stats().finished.get("abort", 0) == engine_aborts + 1  # ... by an abort
+    wait_until(lambda: metric(live_server.url, "pcgtts:requests_total", status="aborted") > aborted_before,
+               "the aborted request was not counted")
 
 
 def test_concurrent_streams_share_the_engine_batch(live_server, tts_service):
     wait_idle(tts_service)
-    peak, done = [0], threading.Event()
-
-    def watch():
-        while not done.is_set():
-            peak[0] = max(peak[0], tts_service.engine_stats().num_running)
-            time.sleep(0.005)
+    before = tts_service.engine_stats()
 
     async def one(client: httpx.AsyncClient, i: int) -> int:
         body = {"model": "tts-1", "voice": "alloy", "input": f"Stream {i} says hi.", "response_format": "pcm",
@@ -132,15 +118,11 @@ def test_concurrent_streams_share_the_engine_batch(live_server, tts_service):
         async with httpx.AsyncClient(base_url=live_server.url, timeout=120) as client:
             return await asyncio.gather(*(one(client, i) for i in range(4)))
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        sizes = asyncio.run(run())
-    finally:
-        done.set()
-        watcher.join()
+    sizes = asyncio.run(run())
     assert all(size > 4800 for size in sizes)
-    assert peak[0] >= 2, "concurrent requests never shared a batch"
+    after = tts_service.engine_stats()
+    rows, steps = after.batch_tokens - before.batch_tokens, after.steps - before.steps
+    assert rows > steps, "concurrent requests never shared a batch"  # some step decoded 2+ sequences
 
 
 def test_speed_scales_duration(live_server):

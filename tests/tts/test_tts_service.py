@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -123,6 +124,21 @@ def test_concurrent_streams_share_batched_codec_calls(tts_service):
         assert np.abs(audio - alone).mean() < 1e-4  # a mixed-up stream differs by ~1e-2
 
 
+class HeldCodec:
+    """The real codec for DecodePool, except that its first batch announces itself (`started`) and waits for
+    `release`: jobs pushed meanwhile queue behind it."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def decode_streams(self, work):
+        if not self.started.is_set():
+            self.started.set()
+            self.release.wait(30)
+        return self.codec.decode_streams(work)
+
+
 def test_decode_pool_runs_earliest_deadline_first(tts_service):
     """With the codec thread busy, a queued first chunk (deadline 0) overtakes a stream ahead of playback."""
     from tts.decode_pool import DecodePool
@@ -133,17 +149,24 @@ def test_decode_pool_runs_earliest_deadline_first(tts_service):
     codes = rng.integers(0, codec.codebook_size, size=60)
     finished: list[str] = []
 
+    held = HeldCodec(codec)
+
     async def job(pool, name, deadline):
         await pool.push(codec.streaming_decoder(), long_codes if name == "busy" else codes, deadline)
         finished.append(name)
 
     async def run():
-        pool = DecodePool(codec, threads=1)
+        pool = DecodePool(held, threads=1)
         try:
             busy = asyncio.create_task(job(pool, "busy", 0.0))
-            await asyncio.sleep(0.05)  # the thread has taken "busy"; the next two wait in its queue
-            await asyncio.gather(job(pool, "ahead-of-playback", 1e9), job(pool, "first-chunk", 0.0), busy)
+            assert await asyncio.to_thread(held.started.wait, 30)  # the thread is decoding "busy"
+            queued = [asyncio.create_task(job(pool, "ahead-of-playback", 1e9)),
+                      asyncio.create_task(job(pool, "first-chunk", 0.0))]
+            await asyncio.sleep(0)  # one loop turn: each task queues its job (push queues, then awaits)
+            held.release.set()
+            await asyncio.gather(busy, *queued)
         finally:
+            held.release.set()
             pool.close()
 
     asyncio.run(run())
