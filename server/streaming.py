@@ -22,6 +22,7 @@ from tts import (
     InputTooLong,
     InvalidOptions,
     NothingToSay,
+    ReferenceClip,
     ServiceOverloaded,
     ServiceUnavailable,
     Synthesis,
@@ -61,7 +62,7 @@ def service_error(exc: Exception) -> APIError:
     raise exc
 
 
-def open_synthesis(service: TTSService, text: str, voice: VoicePrompt | None,
+def open_synthesis(service: TTSService, text: str, voice: VoicePrompt | ReferenceClip | None,
                    options: SynthesisOptions) -> Synthesis:
     try:
         return service.synthesize(text, voice, options)

@@ -16,7 +16,7 @@ import numpy as np
 from server.audio.decode import AudioDecodeError, DecodedAudio, decode_audio, decode_base64_audio
 from server.errors import APIError, bad_request
 from server.voice_store import StoredVoice, VoiceStore
-from tts import TTSService, VoicePrompt
+from tts import ReferenceClip, TTSService, VoicePrompt
 
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
                  "verse", "marin", "cedar")
@@ -86,7 +86,7 @@ class VoiceResolver:
             self._cache.popitem(last=False)
         return prompt
 
-    async def inline(self, ref_audio: str, ref_text: str | None) -> VoicePrompt:
+    async def inline(self, ref_audio: str, ref_text: str | None) -> ReferenceClip:
         if not ref_text or not ref_text.strip():
             raise bad_request("ref_text (the transcript of ref_audio) is required with ref_audio.",
                               param="ref_text", code="missing_required_parameter")
@@ -95,12 +95,12 @@ class VoiceResolver:
         except AudioDecodeError as exc:
             raise bad_request(str(exc), param="ref_audio", code="invalid_base64") from exc
         audio = await asyncio.to_thread(self.limits.decode, data, "ref_audio")
-        return await asyncio.to_thread(self.service.encode_voice, audio.samples, audio.sample_rate,
-                                       ref_text.strip())
+        return ReferenceClip(audio.samples, audio.sample_rate, ref_text.strip())  # the synthesis encodes it
 
     async def resolve(self, voice: str | dict | None, ref_audio: str | None = None,
-                      ref_text: str | None = None) -> tuple[VoicePrompt | None, str]:
-        """-> (voice prompt or None for the model's own default, kind: preset|uploaded|inline)."""
+                      ref_text: str | None = None) -> tuple[VoicePrompt | ReferenceClip | None, str]:
+        """-> (voice for TTSService.synthesize, None for the model's own default; kind:
+        preset|uploaded|inline)."""
         if ref_audio:
             return await self.inline(ref_audio, ref_text), "inline"
         if voice is None:

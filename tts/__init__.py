@@ -16,8 +16,8 @@ from engine.speech.base import VoicePrompt
 from tts.decode_pool import CodecStats
 from tts.errors import InputTooLong, InvalidOptions, NothingToSay, ServiceOverloaded, ServiceUnavailable
 from tts.service import EngineStats, TTSConfig, TTSService
-from tts.synthesis import Synthesis, SynthesisOptions, SynthesisStats
+from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
 
-__all__ = ["CodecStats", "EngineStats", "InputTooLong", "InvalidOptions", "NothingToSay", "ServiceOverloaded",
-           "ServiceUnavailable", "Synthesis", "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService",
-           "VoicePrompt"]
+__all__ = ["CodecStats", "EngineStats", "InputTooLong", "InvalidOptions", "NothingToSay", "ReferenceClip",
+           "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisOptions", "SynthesisStats",
+           "TTSConfig", "TTSService", "VoicePrompt"]

@@ -34,7 +34,7 @@ from engine.speech.base import SpeechFamily, VoicePrompt
 from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from tts.decode_pool import CodecStats, DecodePool
 from tts.errors import InvalidOptions, NothingToSay
-from tts.synthesis import Synthesis, SynthesisOptions, SynthesisStats
+from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
 from tts.text import split_sentences
 
 
@@ -255,9 +255,11 @@ class TTSService:
             pieces = split_sentences(text, self.config.sentence_max_chars)
         return [p for p in pieces if p.strip()]
 
-    def synthesize(self, text: str, voice: VoicePrompt | None, options: SynthesisOptions | None = None
-                   ) -> Synthesis:
-        """Nothing runs until iterated. Raises InvalidOptions, or NothingToSay for text without words, at
+    def synthesize(self, text: str, voice: VoicePrompt | ReferenceClip | None,
+                   options: SynthesisOptions | None = None) -> Synthesis:
+        """The one call per request: text in the voice (None = the model's default; a ReferenceClip is
+        encoded when the synthesis starts) -> a Synthesis streaming audio at `Synthesis.sample_rate`.
+        Nothing runs until iterated. Raises InvalidOptions, or NothingToSay for text without words, at
         once; NothingToSay can also come from the first iteration when no segment has speakable sounds."""
         options = options or SynthesisOptions()
         self.validate(options)

@@ -82,15 +82,26 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
     return audio
 
 
+@dataclass
+class ReferenceClip:
+    """A voice to clone given as audio (e.g. a request's inline reference): the synthesis encodes it to
+    codec codes, off the event loop, before its first segment."""
+
+    audio: np.ndarray  # float32 [samples], mono
+    sample_rate: int
+    transcript: str
+
+
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
-    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | None,
+    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | ReferenceClip | None,
                  options: SynthesisOptions):
         self._service = service
         self._segments = segments
         self._voice = voice
         self._options = options
+        self.sample_rate = service.sample_rate  # Hz of every chunk
         self.stats = SynthesisStats(sample_rate=service.sample_rate)
         self._gen = self._generate()
 
@@ -122,6 +133,9 @@ class Synthesis:
 
     async def _generate(self) -> AsyncIterator[np.ndarray]:
         svc = self._service
+        if isinstance(clip := self._voice, ReferenceClip):
+            self._voice = await asyncio.to_thread(svc.encode_voice, clip.audio, clip.sample_rate,
+                                                  clip.transcript)
         pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
         fade = int(0.005 * svc.sample_rate)
         spoken = 0

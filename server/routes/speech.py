@@ -64,8 +64,8 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         raise
 
     if not streamed:
-        return await _whole(body, request, synth, first, run, service.sample_rate)
-    pipeline = OutputPipeline(body.response_format, service.sample_rate, speed=body.speed)
+        return await _whole(body, request, synth, first, run, synth.sample_rate)
+    pipeline = OutputPipeline(body.response_format, synth.sample_rate, speed=body.speed)
     if sse:
         return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run),
                                          media_type="text/event-stream", headers=_STREAM_HEADERS)

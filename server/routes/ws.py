@@ -194,7 +194,7 @@ class Session:
             await self.send_error(err, uid)
             return
         run = SpeechRun(state.metrics, "pcm", "websocket", received)
-        pipeline = OutputPipeline("pcm", service.sample_rate, speed=config.speed, out_rate=config.sample_rate)
+        pipeline = OutputPipeline("pcm", synth.sample_rate, speed=config.speed, out_rate=config.sample_rate)
         status, total = "aborted", 0
         await self.send_json({"type": "audio.start", "utterance_id": uid, "format": "pcm",
                               "sample_rate": config.sample_rate, "channels": 1})
