@@ -1,0 +1,87 @@
+"""The layers import only downwards: server -> tts (its public API) -> engine (+ asg_tables).
+
+Every import statement counts, also those inside functions (lazy imports are still dependencies).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# package -> (modules it must not import, or "name." for every submodule of name; why)
+FORBIDDEN = {
+    "server": (("engine", "tts."), "the server uses the TTS service through `tts` alone"),
+    "tts": (("server",), "the TTS service knows nothing of HTTP"),
+    "engine": (("server", "tts"), "the engine knows nothing of the service or the server above it"),
+    "asg_tables": (("server", "tts"), "ASG tables are a library under the engine"),
+}
+
+
+def is_module(root: Path, name: str) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file; relative imports are resolved."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = list(path.relative_to(root).parent.parts)  # the file's package
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                base = ".".join([*anchor, *([base] if base else [])])
+            # `from x import y` imports the submodule x.y when there is one
+            found += [(node.lineno, base)] + [(node.lineno, f"{base}.{a.name}") for a in node.names
+                                              if is_module(root, f"{base}.{a.name}")]
+    return found
+
+
+def violates(module: str, forbidden: str) -> bool:
+    if forbidden.endswith("."):
+        return module.startswith(forbidden)
+    return module == forbidden or module.startswith(forbidden + ".")
+
+
+def layer_violations(root: Path) -> list[str]:
+    out = []
+    for package, (forbidden, why) in FORBIDDEN.items():
+        for path in sorted((root / package).rglob("*.py")):
+            for line, module in imported_modules(path, root):
+                for bad in forbidden:
+                    if violates(module, bad):
+                        out.append(f"{path.relative_to(root)}:{line} imports {module} ({why})")
+    return sorted(set(out))
+
+
+def test_layers_import_only_downwards():
+    assert layer_violations(ROOT) == []
+
+
+def test_the_check_finds_violations(tmp_path):
+    files = {
+        "server/ok.py": "from tts import TTSService\nimport fastapi\n",
+        "server/internal.py": "from tts.service import TTSService\n",
+        "server/engine_use.py": "def f():\n    from engine.config import EngineConfig\n",
+        "server/sub/rel.py": "from ...engine import Engine\n",
+        "tts/ok.py": "from engine.speech.base import VoicePrompt\n",
+        "tts/up.py": "import server.app\n",
+        "engine/ok.py": "from engine.acceptance import make_rule\nfrom asg_tables import ASGTable\n",
+        "engine/sub/up.py": "from .. import sampling\nfrom tts import TTSService\n",
+        "engine/lazy.py": "class A:\n    def m(self):\n        import server\n",
+        "asg_tables/up.py": "from tts.bundle import ModelBundle\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = layer_violations(tmp_path)
+    flagged = {v.split(":")[0] for v in found}
+    assert flagged == {"server/internal.py", "server/engine_use.py", "server/sub/rel.py", "tts/up.py",
+                       "engine/sub/up.py", "engine/lazy.py", "asg_tables/up.py"}, found
+    assert any("engine/sub/up.py:2 imports tts" in v for v in found)
