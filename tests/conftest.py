@@ -1,4 +1,8 @@
-"""Shared fixtures. Server tests: one model bundle and one TTS service per session (see server_support)."""
+"""Shared fixtures: one model bundle and one TTS service per session, a live server per test module.
+
+Tests sit by area (tests/engine, tests/acceptance, tests/tts, tests/server, ...); an area's own fixtures
+live in its conftest.py. The repo root comes first on sys.path (pyproject: pythonpath), so that
+tests/engine never shadows the engine package."""
 
 from __future__ import annotations
 
