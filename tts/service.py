@@ -27,14 +27,14 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from engine.codec.base import Codec, StreamingDecoder
+from engine.codec.base import Codec
 from engine.config import EngineConfig
 from engine.metrics import EngineMetrics
 from engine.speech.base import SpeechFamily, VoicePrompt
 from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from tts.decode_pool import CodecStats, DecodePool
 from tts.errors import InvalidOptions, NothingToSay
-from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
+from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions
 from tts.text import split_sentences
 
 
@@ -267,13 +267,6 @@ class TTSService:
         if not segments:
             raise NothingToSay("the input holds nothing this model can speak")
         return Synthesis(self, segments, voice, replace(options))
-
-    async def decode(self, decoder: StreamingDecoder, codes: np.ndarray | None, stats: SynthesisStats
-                     ) -> np.ndarray:
-        """Codes -> final audio via the decode threads (codes None flushes the utterance's decoder)."""
-        audio, took = await self.decoder.push(decoder, codes, stats.playback_deadline())
-        stats.decode_s += took
-        return audio
 
     # -- monitoring and shutdown
     def engine_stats(self) -> EngineStats:

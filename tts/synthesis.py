@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.codec.base import StreamingDecoder
 from engine.speech.base import SpeechPrompt, VoicePrompt
 from tts.errors import InputTooLong, NothingToSay, ServiceOverloaded, ServiceUnavailable
 
@@ -161,6 +162,12 @@ class Synthesis:
             raise NothingToSay("the input holds nothing this model can speak")
         self.stats.finished_s = time.perf_counter() - self.stats.started_at
 
+    async def _decode(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> np.ndarray:
+        """Codes -> final audio on the service's codec threads (codes None flushes the decoder)."""
+        audio, took = await self._service.decoder.push(decoder, codes, self.stats.playback_deadline())
+        self.stats.decode_s += took
+        return audio
+
     async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
         svc, opts, st = self._service, self._options, self.stats
         params = svc.sampling_params(opts, prompt, index)
@@ -184,17 +191,17 @@ class Synthesis:
                         finish_reason = delta.finish_reason
                         break
                     if opts.streaming and held:
-                        audio = await svc.decode(decoder, np.concatenate(held), st)
+                        audio = await self._decode(decoder, np.concatenate(held))
                         held = []
                         if audio.size:
                             yield audio
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
         if held:
-            audio = await svc.decode(decoder, np.concatenate(held), st)
+            audio = await self._decode(decoder, np.concatenate(held))
             if audio.size:
                 yield audio
-        audio = await svc.decode(decoder, None, st)
+        audio = await self._decode(decoder, None)
         if audio.size:
             yield audio
         # The whole request ends by "length" when any sentence ran out of tokens.
