@@ -18,9 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--voice", default=None, help="preset voice name (default: the first preset)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=None)
-    parser.add_argument("--acceptance", default="pcg", help="pcg | exact | ssd | topk | lantern | none")
-    parser.add_argument("--gamma", type=int, default=3, help="draft tokens per step")
-    parser.add_argument("--device", default="cpu")
+    # None: the service's default (TTSConfig), so that the CLI and the server share one definition
+    parser.add_argument("--acceptance", default=None,
+                        help="pcg | exact | ssd | topk | lantern | none (default: the service's, pcg)")
+    parser.add_argument("--gamma", type=int, default=None, help="draft tokens per step (default: 3)")
+    parser.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cpu)")
     parser.set_defaults(func=run)
 
 
@@ -35,10 +37,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tts import SynthesisOptions, TTSConfig, TTSService
 
-    config = TTSConfig(acceptance=args.acceptance, num_speculative_tokens=args.gamma, device=args.device)
-    if args.model is not None:
-        config.model_dir = args.model
-    config.codec_dir = args.codec
+    given = {"acceptance": args.acceptance, "num_speculative_tokens": args.gamma, "device": args.device,
+             "model_dir": args.model}
+    config = TTSConfig(codec_dir=args.codec, **{k: v for k, v in given.items() if v is not None})
     service = TTSService.load(config)
     try:
         presets = service.preset_voices()
