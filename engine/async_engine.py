@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from engine.config import EngineConfig, SamplingParams
-from engine.errors import EngineOverloaded, EngineShutdown
+from engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
 from engine.llm_engine import Engine, RequestOutput
 from engine.metrics import EngineMetrics
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class TokenDelta:
     token_ids: list[int]  # tokens accepted since the previous delta
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | None (an "error" raises RequestFailed)
     num_drafted: int  # draft tokens proposed for this request since the previous delta
     num_accepted: int  # of which accepted
 
@@ -58,6 +58,7 @@ class AsyncEngine:
         self._commands: deque[tuple] = deque()
         self._pending_adds = 0
         self._closed = False
+        self.fault: str | None = None  # set when a fault that is nobody's failed every request (see faults)
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._metrics = self.engine.metrics()
@@ -81,14 +82,17 @@ class AsyncEngine:
                      request_id: str | None = None) -> AsyncIterator[TokenDelta]:
         """Token deltas of one request as they are accepted; the last has finished=True.
 
-        Raises EngineOverloaded (queue full), RequestTooLong / ValueError (bad request) or EngineShutdown
-        before yielding anything."""
+        Raises EngineOverloaded (queue full), RequestTooLong / ValueError (bad request), EngineShutdown or
+        EngineFault before yielding anything; RequestFailed (this request failed in a step, the others
+        went on) or EngineFault later."""
         prompt_ids = self.engine.validate(prompt_ids, params)
         request_id = request_id or uuid.uuid4().hex
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if self._closed:
                 raise EngineShutdown("the engine is shut down")
+            if self.fault is not None:
+                raise EngineFault(f"the engine failed and takes no new requests: {self.fault}")
             if len(self.engine.scheduler.waiting) + self._pending_adds >= self.config.max_waiting:
                 raise EngineOverloaded(f"waiting queue full ({self.config.max_waiting} requests)")
             self._pending_adds += 1
@@ -144,9 +148,12 @@ class AsyncEngine:
             if engine.has_unfinished():
                 try:
                     outputs = engine.step()
-                except Exception as exc:  # a bug must not hang every client: fail them, keep serving
-                    log.exception("engine step failed")
-                    self._fail_all(exc)
+                except Exception as exc:  # nobody's fault (one request's is isolated inside step()): fail
+                    # everyone in flight rather than hang them, refuse new work, and let /ready say so
+                    log.exception("engine step failed for every request")
+                    with self._lock:
+                        self.fault = f"{type(exc).__name__}: {exc}"
+                    self._fail_all(exc if isinstance(exc, EngineFault) else EngineFault(self.fault))
                     outputs = []
                 self._metrics = engine.metrics()  # before delivery: a client never sees older counters
                 for out in outputs:
@@ -159,6 +166,8 @@ class AsyncEngine:
         if command[0] == "add":
             _, request_id, prompt_ids, params, stream = command
             try:
+                if self.fault is not None:  # queued before the fault: refused like later ones
+                    raise EngineFault(f"the engine failed and takes no new requests: {self.fault}")
                 self.engine.add_request(prompt_ids, params, request_id)
                 self._streams[request_id] = stream
             except Exception as exc:  # noqa: BLE001 (handed to the caller)
@@ -179,6 +188,9 @@ class AsyncEngine:
             return
         if out.finished:
             del self._streams[out.request_id]
+        if out.finish_reason == "error":
+            stream.post(RequestFailed(out.error or "the request failed in the engine"))
+            return
         stream.post(TokenDelta(out.token_ids, out.finished, out.finish_reason, out.num_drafted,
                                out.num_accepted))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +42,23 @@ class EngineConfig:
     seed: int = 0  # seeds the generator shared by requests without their own seed
 
 
+# Inclusive ranges the engine accepts per request; values outside fail that request with ValueError. They are
+# wide (the API's own ranges are narrower) and exist so that no value can break the batched math: finite,
+# fits int64, stays nonzero in float32.
+MIN_TEMPERATURE = 1e-3  # between 0 (greedy) and this, logits / T overflows float32
+SAMPLING_BOUNDS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 100.0),
+    "top_k": (0, 2**62),  # 0 = off; k >= vocabulary size is off too
+    "top_p": (1e-6, 1.0),
+    "repetition_penalty": (1e-3, 1e3),
+    "max_tokens": (1, 2**31 - 1),
+    "seed": (0, 2**64 - 1 - 100_000),  # sentences of one input add their index
+    "num_speculative_tokens": (1, 64),
+}
+_INTEGER_FIELDS = ("top_k", "max_tokens", "seed", "num_speculative_tokens")
+_EXTRA_RULE = {"temperature": " (0 = greedy)", "top_k": " (0 = off)"}
+
+
 @dataclass
 class SamplingParams:
     """Per-request decoding parameters, applied identically to draft and target distributions."""
@@ -59,17 +78,30 @@ class SamplingParams:
     num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError("temperature must be >= 0")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not 0 < self.top_p <= 1:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.repetition_penalty <= 0:
-            raise ValueError("repetition_penalty must be > 0")
-        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1 (or None for the engine's)")
         self.stop_token_ids = list(self.stop_token_ids)
+        self.check()
+
+    def check(self) -> None:
+        """Raise ValueError unless every field lies in its range (SAMPLING_BOUNDS). The engine checks again
+        when a request enters it: a value that slipped past a caller must fail that request alone, never
+        the batch step it would have joined (e.g. a top_k that overflows int64, a penalty that is 0.0
+        in float32)."""
+        for name, (lo, hi) in SAMPLING_BOUNDS.items():
+            value = getattr(self, name)
+            if value is None and name in ("seed", "num_speculative_tokens"):
+                continue
+            integral = name in _INTEGER_FIELDS
+            kind = numbers.Integral if integral else numbers.Real
+            if isinstance(value, bool) or not isinstance(value, kind) or \
+                    not (integral or math.isfinite(value)) or not lo <= value <= hi:
+                what = "an integer" if integral else "a number"
+                raise ValueError(f"{name} must be {what} in [{lo}, {hi}]{_EXTRA_RULE.get(name, '')}; "
+                                 f"got {value!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}; "
+                             f"got {self.temperature!r}")
+        if any(not isinstance(t, numbers.Integral) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be non-negative integers")
 
     @property
     def greedy(self) -> bool:

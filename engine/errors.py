@@ -15,3 +15,12 @@ class RequestTooLong(EngineError, ValueError):
 
 class EngineShutdown(EngineError):
     """The engine was shut down while the request was pending."""
+
+
+class EngineFault(EngineError):
+    """A fault that is no single request's (device lost, out of memory): every request in flight failed and
+    the engine takes no new ones."""
+
+
+class RequestFailed(EngineError):
+    """This request alone failed inside an engine step (the others in the batch went on)."""

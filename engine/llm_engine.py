@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from engine.acceptance import RuleCache
 from engine.attention import make_backend
 from engine.config import EngineConfig, SamplingParams
 from engine.errors import RequestTooLong
+from engine.faults import isolate_faults, snapshot
 from engine.metrics import Counters, EngineMetrics
 from engine.model.config import LlamaConfig
 from engine.model.loader import load_llama, resolve_dtype
@@ -30,6 +32,7 @@ from engine.sequence import Sequence as Seq
 from engine.spec_decode import SpeculativeDecoder
 
 DEFAULT_KV_TOKENS = 16384
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -39,9 +42,10 @@ class RequestOutput:
     request_id: str
     token_ids: list[int]  # new since the previous output of this request
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | None
     num_drafted: int  # draft tokens proposed for the request in this step
     num_accepted: int  # of which accepted
+    error: str | None = None  # what failed, when finish_reason is "error"
 
 
 @dataclass
@@ -141,6 +145,7 @@ class Engine:
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         """Check a request without queueing it (safe from any thread); returns the prompt as ints."""
+        params.check()  # again here: fields may have been changed since construction
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise ValueError("empty prompt")
@@ -178,23 +183,30 @@ class Engine:
     # ---- the loop ---------------------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Schedule, prefill, take one decoding step for every ready sequence; report what changed."""
+        """Schedule, prefill, take one decoding step for every ready sequence; report what changed.
+
+        A fault that one sequence causes (its constraint raises, its numbers break the sampler) finishes
+        that sequence with finish_reason "error" and the step goes on for the others; a fault that is
+        nobody's (device lost, out of memory) raises EngineFault."""
         plan = self.scheduler.schedule()
         for seq, _ in plan.prefill:
             if not seq.ever_admitted:
                 seq.ever_admitted = True
                 self.counters.prompt_tokens += seq.prompt_len
-        self.decoder.prefill(plan.prefill)
-        if not plan.decode:
-            return []
-        for seq in plan.decode:
+        failed: list[tuple[Seq, BaseException]] = []
+        isolate_faults(plan.prefill, self.decoder.prefill, snapshot, failed)
+        broken = {id(seq) for seq, _ in failed}
+        decode = [s for s in plan.decode if id(s) not in broken]
+        for seq in decode:
             if not seq.ever_admitted:  # one-token prompts skip prefill
                 seq.ever_admitted = True
                 self.counters.prompt_tokens += seq.prompt_len
-        result = self.decoder.step(plan.decode)
-        self.counters.record_step(len(plan.decode), result.num_drafted, result.num_accepted)
-        outputs = []
-        rows = zip(plan.decode, result.tokens, result.num_drafted, result.num_accepted, strict=True)
+        outputs = [self._fail(seq, exc) for seq, exc in failed]
+        if not decode:
+            return outputs
+        rows = isolate_faults(decode, self._decode_rows, snapshot, failed)
+        outputs += [self._fail(seq, exc) for seq, exc in failed[len(outputs):]]
+        self.counters.record_step(len(rows), [r[2] for r in rows], [r[3] for r in rows])
         for seq, tokens, drafted, k in rows:
             seq.num_steps += 1
             seq.num_drafted += drafted
@@ -204,6 +216,18 @@ class Engine:
                 self._finish(seq, reason)
             outputs.append(self._output(seq, drafted, k))
         return outputs
+
+    def _decode_rows(self, seqs: list[Seq]) -> list[tuple[Seq, list[int], int, int]]:
+        """One speculative step for `seqs`: (sequence, emitted tokens, drafted, accepted) per row."""
+        result = self.decoder.step(seqs)
+        return list(zip(seqs, result.tokens, result.num_drafted, result.num_accepted, strict=True))
+
+    def _fail(self, seq: Seq, exc: BaseException) -> RequestOutput:
+        log.warning("request %s failed alone in the engine step: %r", seq.request_id, exc)
+        self._finish(seq, "error")
+        out = self._output(seq, 0, 0)
+        out.error = f"{type(exc).__name__}: {exc}"
+        return out
 
     def _append(self, seq: Seq, tokens: list[int]) -> str | None:
         """Append emitted tokens up to a stop token or a length limit; returns the finish reason."""
