@@ -79,8 +79,11 @@ class AsyncEngine:
 
     # ---- caller side (event loop) -------------------------------------------------------------------------
     async def stream(self, prompt_ids: list[int], params: SamplingParams,
-                     request_id: str | None = None) -> AsyncIterator[TokenDelta]:
+                     request_id: str | None = None, continuing: bool = False) -> AsyncIterator[TokenDelta]:
         """Token deltas of one request as they are accepted; the last has finished=True.
+
+        continuing: this is the next part of a request admitted earlier (a later sentence of one input):
+        it is never refused for a full queue. Admission is decided once per client request.
 
         Raises EngineOverloaded (queue full), RequestTooLong / ValueError (bad request), EngineShutdown or
         EngineFault before yielding anything; RequestFailed (this request failed in a step, the others
@@ -93,10 +96,11 @@ class AsyncEngine:
                 raise EngineShutdown("the engine is shut down")
             if self.fault is not None:
                 raise EngineFault(f"the engine failed and takes no new requests: {self.fault}")
-            if len(self.engine.scheduler.waiting) + self._pending_adds >= self.config.max_waiting:
+            if not continuing and \
+                    len(self.engine.scheduler.waiting) + self._pending_adds >= self.config.max_waiting:
                 raise EngineOverloaded(f"waiting queue full ({self.config.max_waiting} requests)")
             self._pending_adds += 1
-            self._commands.append(("add", request_id, prompt_ids, params, stream))
+            self._commands.append(("add", request_id, prompt_ids, params, stream, continuing))
         self._wake.set()
         done = False
         try:
@@ -164,11 +168,11 @@ class AsyncEngine:
 
     def _apply(self, command: tuple) -> None:
         if command[0] == "add":
-            _, request_id, prompt_ids, params, stream = command
+            _, request_id, prompt_ids, params, stream, continuing = command
             try:
                 if self.fault is not None:  # queued before the fault: refused like later ones
                     raise EngineFault(f"the engine failed and takes no new requests: {self.fault}")
-                self.engine.add_request(prompt_ids, params, request_id)
+                self.engine.add_request(prompt_ids, params, request_id, continuing)
                 self._streams[request_id] = stream
             except Exception as exc:  # noqa: BLE001 (handed to the caller)
                 stream.post(exc)

@@ -126,8 +126,9 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None) -> str:
-        """Queue a request; raises EngineOverloaded when the waiting queue is full."""
+                    request_id: str | None = None, continuing: bool = False) -> str:
+        """Queue a request; raises EngineOverloaded when the waiting queue is full, unless `continuing`
+        (the next part of a request admitted earlier: never refused, see Scheduler.add)."""
         request_id = request_id or uuid.uuid4().hex
         if request_id in self.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -139,7 +140,7 @@ class Engine:
             generator = torch.Generator(self.device).manual_seed(params.seed)
         seq = Seq(request_id=request_id, prompt_len=len(prompt_ids), token_ids=prompt_ids,
                        params=params, generator=generator, arrival=next(self._arrivals), rule=rule)
-        self.scheduler.add(seq)
+        self.scheduler.add(seq, continuing)
         self.requests[request_id] = seq
         return request_id
 

@@ -39,10 +39,16 @@ class Scheduler:
         self.num_preemptions = 0
 
     # ---- queue ----------------------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, continuing: bool = False) -> None:
+        """Queue a new request (EngineOverloaded when the queue is full), or, `continuing`, the next part of
+        an already admitted one (e.g. a later sentence): never refused, and queued ahead of new requests
+        so that a stream in progress is not starved by newcomers."""
+        seq.status = Status.WAITING
+        if continuing:
+            self.waiting.appendleft(seq)
+            return
         if len(self.waiting) >= self.max_waiting:
             raise EngineOverloaded(f"waiting queue full ({self.max_waiting} requests)")
-        seq.status = Status.WAITING
         self.waiting.append(seq)
 
     def remove(self, seq: Sequence) -> None:

@@ -9,10 +9,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.drain import Drain
 from server.errors import APIError, install_error_handlers
 from server.routes import playground, speech, system, voices, ws
+from server.security import http_authorized, install_log_redaction
 from server.settings import ServerSettings
 from server.state import AppState
 from tts import TTSService
@@ -35,30 +38,77 @@ def _body_limit(settings: ServerSettings) -> int:
     return settings.max_upload_bytes * 4 // 3 + (1 << 20)
 
 
-class GuardMiddleware:
-    """Plain ASGI (so streaming and disconnects pass untouched): rejects oversized bodies by their
-    Content-Length and, when an API key is set, /v1/* HTTP requests without it (the WebSocket route
-    checks its own)."""
+class BodyTooLarge(StarletteHTTPException):
+    """Raised from `receive` once a body passes the limit; FastAPI's body parsing lets HTTP errors through."""
 
-    def __init__(self, app: ASGIApp, body_limit: int, api_key: str | None):
+    def __init__(self, limit: int):
+        super().__init__(413, f"Request body over {limit} bytes.")
+
+
+def _refusal(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+class GuardMiddleware:
+    """Plain ASGI (so streaming and disconnects pass untouched), for every HTTP request:
+    * body size: refused by Content-Length when declared, else counted as the bytes arrive and stopped at
+      the limit (chunked JSON and multipart alike), so nothing past it is read, parsed or spooled;
+    * the API key on /v1/* (constant-time compare; the WebSocket route checks its own);
+    * the drain: once shutting down, new /v1/* POSTs get 503; requests in flight are tracked until their
+      response has been sent."""
+
+    def __init__(self, app: ASGIApp, body_limit: int, api_key: str | None, drain: Drain):
         self.app = app
         self.body_limit = body_limit
         self.api_key = api_key
+        self.drain = drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            headers = Headers(scope=scope)
-            length = headers.get("content-length", "")
-            err = None
-            if length.isdigit() and int(length) > self.body_limit:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        length = headers.get("content-length", "")
+        api = scope["path"].startswith("/v1/")
+        if length.isdigit() and int(length) > self.body_limit:
+            err = APIError(413, f"Request body over {self.body_limit} bytes.", code="request_too_large")
+            await _refusal(err)(scope, receive, send)
+            return
+        if api and not http_authorized(headers, self.api_key):
+            err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+            await _refusal(err)(scope, receive, send)
+            return
+        if api and self.drain.draining and scope["method"] == "POST":
+            err = APIError(503, "The server is shutting down; retry on another replica.",
+                           code="server_shutting_down", headers={"Retry-After": "1"})
+            await _refusal(err)(scope, receive, send)
+            return
+
+        received = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.body_limit:
+                    raise BodyTooLarge(self.body_limit)
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with self.drain.track():
+            try:
+                await self.app(scope, counted_receive, watched_send)
+            except BodyTooLarge:
+                if started:
+                    raise
                 err = APIError(413, f"Request body over {self.body_limit} bytes.", code="request_too_large")
-            elif self.api_key and scope["path"].startswith("/v1/") and \
-                    headers.get("authorization", "") != f"Bearer {self.api_key}":
-                err = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-            if err is not None:
-                await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+                await _refusal(err)(scope, receive, send)
 
 
 def create_app(settings: ServerSettings | None = None, service: TTSService | None = None) -> FastAPI:
@@ -69,6 +119,7 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        install_log_redaction()  # after uvicorn has configured its loggers
         state.start_loading()
         try:
             yield
@@ -80,10 +131,10 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
     app.state.pcgtts = state
     install_error_handlers(app)
 
-    app.add_middleware(GuardMiddleware, body_limit=_body_limit(settings), api_key=settings.api_key)
-    if settings.cors_origins:
-        origins = [o.strip() for o in settings.cors_origins.split(",")]
-        app.add_middleware(CORSMiddleware, allow_origins=origins,
+    app.add_middleware(GuardMiddleware, body_limit=_body_limit(settings), api_key=settings.api_key,
+                       drain=state.drain)
+    if settings.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins,
                            allow_methods=["*"], allow_headers=["*"])
     for module in (speech, voices, ws, system, playground):
         app.include_router(module.router)

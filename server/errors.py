@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("pcgtts.server")
@@ -43,6 +44,7 @@ _CODE_BY_PYDANTIC_TYPE = {
     "less_than_equal": "decimal_above_max_value",
     "less_than": "decimal_above_max_value",
     "json_invalid": "invalid_json",
+    "finite_number": "invalid_value",
 }
 
 
@@ -87,19 +89,48 @@ def _param_of(loc: tuple) -> str | None:
     return ".".join(parts) or None
 
 
-def validation_error(errors: list[dict], *, in_body: bool = True) -> APIError:
-    """pydantic errors -> a 400 naming the first bad field. in_body: locations start with 'body'."""
+_RANGE_ERRORS = {"greater_than_equal", "greater_than", "less_than_equal", "less_than", "finite_number",
+                 "int_from_float", "int_parsing", "float_parsing", "int_type", "float_type"}
+
+
+def field_range(model: type[BaseModel] | None, param: str | None) -> str | None:
+    """'between 0.25 and 4.0' for a top-level numeric field of `model` with bounds, else None."""
+    info = model.model_fields.get(param or "") if model is not None else None
+    if info is None:
+        return None
+    lo = hi = None
+    for bound in info.metadata:
+        lo = getattr(bound, "ge", getattr(bound, "gt", lo))
+        hi = getattr(bound, "le", getattr(bound, "lt", hi))
+    if lo is None or hi is None:
+        return None
+    gt = any(hasattr(b, "gt") for b in info.metadata)
+    lt = any(hasattr(b, "lt") for b in info.metadata)
+    return f"between {lo} {'(exclusive) ' if gt else ''}and {hi}{' (exclusive)' if lt else ''}"
+
+
+def validation_error(errors: list[dict], *, in_body: bool = True,
+                     model: type[BaseModel] | None = None) -> APIError:
+    """pydantic errors -> a 400 naming the first bad field (and its range, for a number of `model`).
+    in_body: locations start with 'body'."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": "value_error"}
     loc = tuple(first.get("loc", ()))
     param = _param_of(loc[1:] if in_body else loc)
     msg = first.get("msg", "invalid request")
-    if first.get("type") == "extra_forbidden":
+    allowed = field_range(model, param) if first.get("type") in _RANGE_ERRORS else None
+    if allowed is not None:
+        got = first.get("input")
+        msg = f"Invalid value for '{param}': must be a finite number {allowed}" + \
+              (f"; got {got!r}." if isinstance(got, int | float | str) and len(repr(got)) < 64 else ".")
+    elif first.get("type") == "extra_forbidden":
         msg = f"Unrecognized request argument supplied: {param}"
     elif first.get("type") == "json_invalid":
         msg = "We could not parse the JSON body of your request."
         param = None
     elif param:
         msg = f"Invalid value for '{param}': {msg}"
+    if first.get("type") == "finite_number":
+        msg = msg.replace("finite number", "finite number (not NaN or infinity)")
     code = _CODE_BY_PYDANTIC_TYPE.get(first.get("type"), "invalid_value")
     return APIError(400, msg, param=param, code=code)
 
@@ -111,7 +142,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        err = validation_error(exc.errors())
+        from server.schemas import SpeechRequest  # the one JSON body model
+
+        err = validation_error(exc.errors(), model=SpeechRequest)
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from server.audio.formats import ResponseFormat
 
 MAX_INPUT_CHARS = 4096
+MAX_TOP_K = 1_000_000  # above any vocabulary served here; the service refuses more than its own vocabulary
+MAX_TOKENS = 65536
+MIN_TEMPERATURE = 0.01  # between 0 (greedy) and this: refused, not rounded
 
 
 class VoiceId(BaseModel):
@@ -19,19 +22,26 @@ class VoiceId(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """Extensions shared by the HTTP body and the WebSocket session config. None = server default."""
+    """Extensions shared by the HTTP body and the WebSocket session config. None = server default.
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy.")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int | None = Field(None, ge=0, description="Keep the k most likely tokens; 0 disables.")
-    repetition_penalty: float | None = Field(None, gt=0.0, le=3.0)
-    seed: int | None = Field(None, ge=0, lt=2**63, description="Seed for reproducible sampling.")
-    max_tokens: int | None = Field(None, ge=1, description="Cap on generated speech tokens per sentence.")
+    Every number has a closed range (finite, never clamped): a value outside gets a 400 that names it."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+    temperature: float | None = Field(None, ge=0.0, le=2.0,
+                                      description="Sampling temperature: 0 (greedy) or 0.01..2.")
+    top_p: float | None = Field(None, ge=0.01, le=1.0, description="Nucleus sampling mass, 0.01..1.")
+    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K,
+                              description="Keep the k most likely tokens; 0 = off; at most the vocabulary.")
+    repetition_penalty: float | None = Field(None, ge=0.1, le=3.0, description="1 = off; 0.1..3.")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Seed for reproducible sampling.")
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+                                   description="Cap on generated speech tokens per sentence.")
     acceptance: str | None = Field(
         None, description="Speculative acceptance rule for this request (A/B tests): one the server "
                           "lists in GET /v1/models under `pcgtts.acceptance_rules`.")
     num_speculative_tokens: int | None = Field(
-        None, ge=0, le=16, description="Draft tokens verified per step for this request: 1 up to the "
+        None, ge=1, le=16, description="Draft tokens verified per step for this request: 1 up to the "
                                       "engine's γ (`pcgtts.num_speculative_tokens` in GET /v1/models).")
     asg_table: str | None = Field(
         None, description="Name of a loaded ASG table (θ choice) for PCG/LANTERN: one of "
@@ -41,11 +51,18 @@ class SamplingFields(BaseModel):
                           "URL (WAV/FLAC/MP3/OGG). Overrides `voice`.")
     ref_text: str | None = Field(None, max_length=2000, description="Transcript of `ref_audio`.")
 
+    @field_validator("temperature")
+    @classmethod
+    def _greedy_or_warm(cls, value: float | None) -> float | None:
+        if value is not None and 0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or between {MIN_TEMPERATURE} and 2")
+        return value
+
 
 class SpeechRequest(SamplingFields):
     """Body of POST /v1/audio/speech."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field("pcgtts", max_length=256, description="Any model name; all map to the served model.")
     input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS, description="Text to speak.")

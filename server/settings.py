@@ -61,7 +61,12 @@ class ServerSettings:
     max_voices: int = _opt(1000, "most uploaded voices kept")
     min_voice_seconds: float = _opt(1.0, "shortest reference clip accepted")
     max_voice_seconds: float = _opt(30.0, "longest reference clip accepted")
-    cors_origins: str | None = _opt(None, "comma-separated origins allowed by CORS")
+    cors_origins: str | None = _opt(None, "comma-separated origins allowed by CORS and to open the WebSocket "
+                                          "(the server's own origin always may; '*' allows any)")
+    # 25 s: inside Kubernetes' default 30 s terminationGracePeriodSeconds, so the kubelet never SIGKILLs a
+    # drain; most utterances finish well within it. Long-form deployments raise both together.
+    drain_timeout_s: float = _opt(25.0, "on SIGTERM, seconds in-flight requests may run on before they are "
+                                        "cut with an in-band error (/ready is 503 meanwhile)")
     log_level: str = _opt("info", "uvicorn log level")
 
     @property
@@ -78,6 +83,10 @@ class ServerSettings:
             name, _, path = item.rpartition("=")
             out[name or Path(path).stem] = Path(path)
         return out
+
+    @property
+    def allowed_origins(self) -> list[str]:
+        return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
 
     @property
     def voices_dir(self) -> Path:

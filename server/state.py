@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi import Request, WebSocket
 
+from server.drain import Drain
 from server.errors import APIError, not_ready
 from server.metrics import ServerMetrics
 from server.settings import ServerSettings
@@ -43,6 +44,7 @@ class AppState:
         self.service: TTSService | None = None
         self.resolver: VoiceResolver | None = None
         self.load_error: str | None = None
+        self.drain = Drain(settings.drain_timeout_s)
         self._owns_service = service is None
         self._loader: threading.Thread | None = None
         if service is not None:
@@ -82,6 +84,11 @@ class AppState:
         while self.service is None and self.load_error is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         return self.service is not None
+
+    @property
+    def engine_fault(self) -> str | None:
+        """Why the engine failed every request (device lost, out of memory), if it did."""
+        return self.service.fault if self.service is not None else None
 
     def require_ready(self) -> tuple[TTSService, VoiceResolver]:
         if self.service is None or self.resolver is None:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from server.drain import SHUTDOWN_REASON, ServerShuttingDown
 from server.errors import APIError, bad_request
 from server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
 from server.schemas import SamplingFields
@@ -26,6 +27,7 @@ from tts import (
     ServiceOverloaded,
     ServiceUnavailable,
     Synthesis,
+    SynthesisFailed,
     SynthesisOptions,
     TTSService,
     VoicePrompt,
@@ -55,7 +57,10 @@ def service_error(exc: Exception) -> APIError:
         return bad_request(f"A sentence of the input is too long for the model: {exc}", param="input",
                            code="input_too_long")
     if isinstance(exc, ServiceUnavailable):
-        return APIError(503, "The engine is shutting down.", code="engine_unavailable")
+        return APIError(503, f"The engine is unavailable: {exc}", code="engine_unavailable",
+                        headers={"Retry-After": "1"})
+    if isinstance(exc, SynthesisFailed):
+        return APIError(500, f"Synthesis of this request failed: {exc}", code="synthesis_failed")
     if isinstance(exc, NothingToSay):
         return APIError(422, f"Cannot synthesise this input: {exc}", param="input",
                         code="unprocessable_input")
@@ -96,7 +101,8 @@ async def next_or_gone(synth: Synthesis, request: Request | None) -> np.ndarray 
             await asyncio.wait({step})  # let the generator unwind before it is closed below
             raise ClientGone()
         return step.result()
-    except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions, NothingToSay) as exc:
+    except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions, NothingToSay,
+            SynthesisFailed) as exc:
         await close_quietly(synth)
         raise service_error(exc) from exc
     except BaseException:
@@ -149,6 +155,16 @@ def usage_of(synth: Synthesis) -> dict[str, int]:
     st = synth.stats
     return {"input_tokens": st.prompt_tokens, "output_tokens": st.generated_tokens,
             "total_tokens": st.prompt_tokens + st.generated_tokens}
+
+
+def stream_error(exc: BaseException) -> APIError:
+    """The in-band error for a stream that failed after its headers were sent."""
+    if isinstance(exc, ServerShuttingDown):
+        return APIError(503, str(exc), code=SHUTDOWN_REASON)
+    try:
+        return service_error(exc)
+    except Exception:
+        return APIError(500, f"synthesis failed: {type(exc).__name__}", code="internal_error")
 
 
 def sse_event(payload: dict) -> bytes:

@@ -14,10 +14,17 @@ The server and the `pcgtts synth` CLI use only what this module exports; one req
 
 from engine.speech.base import VoicePrompt
 from tts.decode_pool import CodecStats
-from tts.errors import InputTooLong, InvalidOptions, NothingToSay, ServiceOverloaded, ServiceUnavailable
+from tts.errors import (
+    InputTooLong,
+    InvalidOptions,
+    NothingToSay,
+    ServiceOverloaded,
+    ServiceUnavailable,
+    SynthesisFailed,
+)
 from tts.service import EngineStats, TTSConfig, TTSService
 from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
 
 __all__ = ["CodecStats", "EngineStats", "InputTooLong", "InvalidOptions", "NothingToSay", "ReferenceClip",
-           "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisOptions", "SynthesisStats",
-           "TTSConfig", "TTSService", "VoicePrompt"]
+           "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisFailed", "SynthesisOptions",
+           "SynthesisStats", "TTSConfig", "TTSService", "VoicePrompt"]

@@ -24,4 +24,8 @@ class InputTooLong(ValueError):
 
 
 class ServiceUnavailable(RuntimeError):
-    """The engine has shut down."""
+    """The engine has shut down, or failed with a fault that is no request's (device lost, out of memory)."""
+
+
+class SynthesisFailed(RuntimeError):
+    """This request failed inside the engine (its own fault; the other requests went on)."""

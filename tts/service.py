@@ -224,6 +224,9 @@ class TTSService:
             raise InvalidOptions(f"num_speculative_tokens must lie in 1..{self.engine_gamma}, the engine's γ "
                                  "(the draft proposes that many; a request may verify fewer).",
                                  "num_speculative_tokens")
+        vocab = self.engine.vocab_size
+        if options.top_k is not None and not 0 <= options.top_k <= vocab:
+            raise InvalidOptions(f"top_k must lie in 0..{vocab} (this model's vocabulary; 0 = off).", "top_k")
         if options.asg_table is not None and options.asg_table not in self.asg_table_names:
             raise InvalidOptions(f"ASG table {options.asg_table!r} is not loaded; choose one of "
                                  f"{self.asg_table_names} (load more with --extra-asg-tables).", "asg_table")
@@ -269,6 +272,11 @@ class TTSService:
         return Synthesis(self, segments, voice, replace(options))
 
     # -- monitoring and shutdown
+    @property
+    def fault(self) -> str | None:
+        """Why the engine failed every request and takes no more (device lost, out of memory), if it did."""
+        return getattr(self.engine, "fault", None)
+
     def engine_stats(self) -> EngineStats:
         return self.engine.metrics()
 

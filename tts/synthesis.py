@@ -14,7 +14,7 @@ import numpy as np
 
 from engine.codec.base import StreamingDecoder
 from engine.speech.base import SpeechPrompt, VoicePrompt
-from tts.errors import InputTooLong, NothingToSay, ServiceOverloaded, ServiceUnavailable
+from tts.errors import InputTooLong, NothingToSay, ServiceOverloaded, ServiceUnavailable, SynthesisFailed
 
 if TYPE_CHECKING:
     from tts.service import TTSService
@@ -104,6 +104,7 @@ class Synthesis:
         self._options = options
         self.sample_rate = service.sample_rate  # Hz of every chunk
         self.stats = SynthesisStats(sample_rate=service.sample_rate)
+        self._admitted = False  # admission is decided once, at the first sentence; later ones continue
         self._gen = self._generate()
 
     def __aiter__(self) -> Synthesis:
@@ -176,9 +177,10 @@ class Synthesis:
         held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
         finish_reason = None
         with _engine_errors():
-            stream = svc.engine.stream(prompt.token_ids, params)
+            stream = svc.engine.stream(prompt.token_ids, params, continuing=self._admitted)
             try:
                 async for delta in stream:
+                    self._admitted = True
                     if delta.token_ids and st.first_token_s is None:
                         st.first_token_s = time.perf_counter() - st.started_at
                     st.generated_tokens += len(delta.token_ids)
@@ -211,7 +213,7 @@ class Synthesis:
 @contextmanager
 def _engine_errors():
     """Engine exceptions -> the service's own, so the server needs no engine imports."""
-    from engine.errors import EngineOverloaded, EngineShutdown, RequestTooLong
+    from engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed, RequestTooLong
 
     try:
         yield
@@ -219,5 +221,7 @@ def _engine_errors():
         raise ServiceOverloaded(str(exc)) from exc
     except RequestTooLong as exc:
         raise InputTooLong(str(exc)) from exc
-    except EngineShutdown as exc:
+    except (EngineShutdown, EngineFault) as exc:
         raise ServiceUnavailable(str(exc)) from exc
+    except RequestFailed as exc:
+        raise SynthesisFailed(str(exc)) from exc

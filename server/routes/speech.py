@@ -12,6 +12,7 @@ from fastapi.responses import Response
 
 from server.audio.formats import content_type
 from server.audio.pipeline import OutputPipeline, encode_whole
+from server.drain import Drain, until_cut
 from server.errors import APIError
 from server.schemas import ErrorResponse, SpeechRequest, VoiceId
 from server.state import get_state
@@ -24,6 +25,7 @@ from server.streaming import (
     next_or_gone,
     open_synthesis,
     sse_event,
+    stream_error,
     synthesis_options,
     usage_of,
 )
@@ -67,15 +69,16 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         return await _whole(body, request, synth, first, run, synth.sample_rate)
     pipeline = OutputPipeline(body.response_format, synth.sample_rate, speed=body.speed)
     if sse:
-        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run),
+        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run, state.drain),
                                          media_type="text/event-stream", headers=_STREAM_HEADERS)
-    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run),
+    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run, state.drain),
                                      media_type=content_type(body.response_format), headers=_STREAM_HEADERS)
 
 
-async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun):
-    """The requested format's bytes as chunks are produced, then the encoder's tail; meters what is sent."""
-    async with aclosing(chunks_after(first, synth)) as chunks:
+async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
+    """The requested format's bytes as chunks are produced, then the encoder's tail; meters what is sent.
+    Raises ServerShuttingDown when the drain deadline passes first."""
+    async with aclosing(until_cut(chunks_after(first, synth), drain)) as chunks:
         async for chunk in chunks:
             before = pipeline.audio_seconds
             data = pipeline.process(chunk)
@@ -87,10 +90,12 @@ async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun)
         yield tail
 
 
-async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
+async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
+    """Raw audio has no in-band channel: a failure ends the chunked body without its last chunk, so the
+    client sees a broken transfer, never a silently short file."""
     status = "aborted"
     try:
-        async with aclosing(_encoded_audio(synth, first, pipeline, run)) as encoded:
+        async with aclosing(_encoded_audio(synth, first, pipeline, run, drain)) as encoded:
             async for data in encoded:
                 yield data
         status = "ok"
@@ -102,19 +107,17 @@ async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
         run.finish(synth, status, pipeline.audio_seconds)
 
 
-async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun):
+async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
     status = "aborted"
     try:
-        async with aclosing(_encoded_audio(synth, first, pipeline, run)) as encoded:
+        async with aclosing(_encoded_audio(synth, first, pipeline, run, drain)) as encoded:
             async for data in encoded:
                 yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
         yield sse_event({"type": "speech.audio.done", "usage": usage_of(synth)})
         status = "ok"
     except Exception as exc:  # headers are gone: report in-band, like vLLM-Omni's terminal error event
         status = "error"
-        yield sse_event({"type": "speech.audio.error", "error": {
-            "message": f"synthesis failed: {type(exc).__name__}", "type": "server_error", "param": None,
-            "code": "internal_error"}})
+        yield sse_event({"type": "speech.audio.error", **stream_error(exc).body()})
     finally:
         await close_quietly(synth)
         run.finish(synth, status, pipeline.audio_seconds)

@@ -12,16 +12,26 @@ from server.state import get_state
 router = APIRouter(tags=["system"])
 
 
-@router.get("/health", summary="Liveness")
-async def health() -> dict:
-    """200 while the process serves HTTP, also during model loading."""
-    return {"status": "ok"}
+@router.get("/health", summary="Liveness", responses={503: {"description": "the engine failed"}})
+async def health(request: Request) -> JSONResponse:
+    """200 while the process serves HTTP, also during model loading and draining; 503 once the engine has
+    failed every request with a fault that is no request's (device lost, out of memory): restart it."""
+    fault = get_state(request).engine_fault
+    if fault is not None:
+        return JSONResponse({"status": "failed", "error": fault}, status_code=503)
+    return JSONResponse({"status": "ok"})
 
 
-@router.get("/ready", summary="Readiness", responses={503: {"description": "model not loaded (yet)"}})
+@router.get("/ready", summary="Readiness",
+            responses={503: {"description": "loading, draining for shutdown, or failed"}})
 async def ready(request: Request) -> JSONResponse:
-    """200 once the model is loaded and requests can be served; 503 before (or if loading failed)."""
+    """200 once the model is loaded and requests can be served; 503 before, while draining on SIGTERM, or
+    when the model failed to load or the engine failed."""
     state = get_state(request)
+    if state.drain.draining:
+        return JSONResponse({"status": "draining", "error": None}, status_code=503)
+    if state.engine_fault is not None:
+        return JSONResponse({"status": "failed", "error": state.engine_fault}, status_code=503)
     if state.service is not None:
         return JSONResponse({"status": "ready", "model": state.service.model_id})
     body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}

@@ -10,19 +10,22 @@ import time
 from typing import Literal
 
 from fastapi import APIRouter, WebSocket
+from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from server.audio.formats import OUTPUT_SAMPLE_RATE
 from server.audio.pipeline import OutputPipeline
+from server.drain import SHUTDOWN_REASON, ServerShuttingDown, until_cut
 from server.errors import APIError, validation_error
 from server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId
+from server.security import chosen_subprotocol, origin_allowed, websocket_authorized
 from server.state import AppState, get_ws_state
 from server.streaming import (
     SpeechRun,
     close_quietly,
     open_synthesis,
-    service_error,
+    stream_error,
     synthesis_options,
     usage_of,
 )
@@ -31,14 +34,18 @@ router = APIRouter()
 log = logging.getLogger("pcgtts.server")
 
 PROTOCOL = """\
-`WS /v1/audio/speech/stream` (API key, if set: `Authorization: Bearer KEY` or `?api_key=KEY`).
+`WS /v1/audio/speech/stream`. API key, if set, at the handshake (a bad one gets HTTP 401): the header
+`Authorization: Bearer KEY`, or from a browser the subprotocols `["pcgtts", "pcgtts.bearer.<base64url(KEY)>"]`
+(the server selects `pcgtts`); `?api_key=KEY` still works but puts the key in URLs. Browsers may connect
+from the server's own origin or one listed in `--cors-origins` (others get HTTP 403).
 
 Client -> server, JSON text messages:
 * `{"type": "session.config", ...}`: `voice`, `speed`, `sample_rate` (8000-48000, default 24000) and the
   speech extensions (`seed`, `temperature`, `acceptance`, `ref_audio`/`ref_text`, ...); applies to
   utterances started after it
 * `{"type": "input.text", "text": "..."}`: appends to the pending utterance
-* `{"type": "input.done"}`: speaks the pending text (queued behind a running utterance)
+* `{"type": "input.done"}`: speaks the pending text (queued behind a running utterance; at most
+  8 waiting per connection, more get an error)
 * `{"type": "input.cancel"}`: aborts the running utterance and drops queued ones
 * `{"type": "session.close"}`: finishes queued utterances, then closes
 
@@ -50,10 +57,16 @@ Server -> client:
 * `{"type": "audio.done", "utterance_id", "total_bytes", "audio_seconds", "ttfa_ms", "usage", "drafted",
   "accepted", "acceptance_rate", "finish_reason", "cancelled"}`
 * `{"type": "error", "utterance_id"?, "error": {"message", "type", "param", "code"}}`
-* `{"type": "session.done"}`
+* `{"type": "session.done"}` (with `"reason": "server_shutdown"` when the server drains for shutdown: it
+  finishes queued utterances within its drain deadline, cuts what is left with `audio.done`
+  `"cancelled": true, "reason": "server_shutdown"`, then closes with 1001)
 
 Closing the socket aborts the running utterance at once and frees its KV cache.
 """
+
+
+MAX_QUEUED = 8  # utterances waiting behind the running one, per connection
+_DRAIN = object()  # queue marker: the server is draining; close after what is queued
 
 
 class SessionConfig(SamplingFields):
@@ -65,13 +78,6 @@ class SessionConfig(SamplingFields):
     speed: float = Field(1.0, ge=0.25, le=4.0)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000)
     instructions: str | None = None
-
-
-def authorized(ws: WebSocket, api_key: str | None) -> bool:
-    if not api_key:
-        return True
-    header = ws.headers.get("authorization", "")
-    return header == f"Bearer {api_key}" or ws.query_params.get("api_key") == api_key
 
 
 class Session:
@@ -103,6 +109,7 @@ class Session:
         await self.send_json({"type": "session.created", "format": "pcm",
                               "sample_rate": self.config.sample_rate, "model": self.state.model_name})
         worker = asyncio.create_task(self._work())
+        unregister = self.state.drain.on_start(lambda: self.queue.put_nowait(_DRAIN))
         try:
             while True:
                 message = await self.ws.receive()
@@ -117,9 +124,10 @@ class Session:
                     await self.send_json({"type": "session.done"})
                     await self.ws.close()
                     return
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, RuntimeError):  # RuntimeError: the worker closed it (drain)
             return
         finally:
+            unregister()
             # Disconnect: abort the running utterance now (frees its KV), then stop the worker.
             if self.current is not None:
                 self.current.cancel()
@@ -139,7 +147,7 @@ class Session:
             try:
                 self.config = SessionConfig.model_validate(message)
             except ValidationError as exc:
-                await self.send_error(validation_error(exc.errors(), in_body=False))
+                await self.send_error(validation_error(exc.errors(), in_body=False, model=SessionConfig))
         elif kind == "input.text":
             piece = message.get("text")
             if not isinstance(piece, str):
@@ -152,7 +160,13 @@ class Session:
                 self.pending.append(piece)
         elif kind == "input.done":
             text, self.pending = "".join(self.pending), []
-            if text.strip():
+            if text.strip() and self.state.drain.draining:
+                await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
+                                               code="server_shutting_down"))
+            elif text.strip() and self.queue.qsize() >= MAX_QUEUED:
+                limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
+                await self.send_error(APIError(429, limit, code="too_many_utterances"))
+            elif text.strip():
                 await self.queue.put((self._next_id, text, self.config))
                 self._next_id += 1
         elif kind == "input.cancel":
@@ -170,7 +184,14 @@ class Session:
 
     async def _work(self) -> None:
         while (item := await self.queue.get()) is not None:
+            if item is _DRAIN:
+                await self._close_for_drain()
+                return
             uid, text, config = item
+            if self.state.drain.cut.is_set():
+                await self.send_json({"type": "audio.done", "utterance_id": uid, "cancelled": True,
+                                      "reason": SHUTDOWN_REASON, "finish_reason": "abort"})
+                continue
             progress: dict = {}
             self.current = asyncio.create_task(self._speak(uid, text, config, progress))
             await asyncio.wait({self.current})
@@ -181,6 +202,12 @@ class Session:
             if cancelled:
                 await self.send_json({**progress, "type": "audio.done", "utterance_id": uid,
                                       "cancelled": True})
+
+    async def _close_for_drain(self) -> None:
+        """Everything queued before the drain has been spoken (or cut at its deadline): say so and close."""
+        with contextlib.suppress(Exception):
+            await self.send_json({"type": "session.done", "reason": SHUTDOWN_REASON})
+            await self.ws.close(code=1001, reason="server shutting down")
 
     async def _speak(self, uid: int, text: str, config: SessionConfig, progress: dict) -> None:
         state = self.state
@@ -195,11 +222,11 @@ class Session:
             return
         run = SpeechRun(state.metrics, "pcm", "websocket", received)
         pipeline = OutputPipeline("pcm", synth.sample_rate, speed=config.speed, out_rate=config.sample_rate)
-        status, total = "aborted", 0
+        status, total, reason = "aborted", 0, None
         await self.send_json({"type": "audio.start", "utterance_id": uid, "format": "pcm",
                               "sample_rate": config.sample_rate, "channels": 1})
         try:
-            async for chunk in synth:
+            async for chunk in until_cut(synth, state.drain):
                 before = pipeline.audio_seconds
                 data = pipeline.process(chunk)
                 if data:
@@ -212,13 +239,11 @@ class Session:
                 await self.send_bytes(data)
                 total += len(data)
             status = "ok"
+        except ServerShuttingDown:
+            status, reason = "aborted", SHUTDOWN_REASON
         except Exception as exc:
             status = "error"
-            try:
-                err = service_error(exc)
-            except Exception:
-                err = APIError(500, f"synthesis failed: {type(exc).__name__}", code="internal_error")
-            await self.send_error(err, uid)
+            await self.send_error(stream_error(exc), uid)
         finally:
             await close_quietly(synth)
             run.finish(synth, status, pipeline.audio_seconds)
@@ -227,7 +252,8 @@ class Session:
             **self._progress(uid, synth, total), "type": "audio.done", "total_bytes": total,
             "audio_seconds": round(pipeline.audio_seconds, 4), "usage": usage_of(synth),
             "ttfa_ms": None if run.outcome.ttfa_s is None else round(run.outcome.ttfa_s * 1000, 1),
-            "finish_reason": st.finish_reason, "cancelled": False})
+            "finish_reason": {"ok": st.finish_reason, "error": "error"}.get(status, "abort"),
+            "cancelled": reason is not None, **({"reason": reason} if reason else {})})
 
     @staticmethod
     def _progress(uid: int, synth, total_bytes: int) -> dict:
@@ -238,12 +264,25 @@ class Session:
                 "acceptance_rate": None if rate is None else round(rate, 4)}
 
 
+async def _deny(websocket: WebSocket, err: APIError) -> None:
+    """Refuse the handshake with a real HTTP status (401, 403, 503) and an OpenAI-shaped body."""
+    await websocket.send_denial_response(JSONResponse(err.body(), status_code=err.status))
+
+
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(websocket: WebSocket) -> None:
     state = get_ws_state(websocket)
-    if not authorized(websocket, state.settings.api_key):
-        await websocket.close(code=1008, reason="invalid API key")
+    if not origin_allowed(websocket.headers, state.settings.allowed_origins):
+        await _deny(websocket, APIError(403, "This Origin may not open the stream; the server allows its own "
+                                             "and those in --cors-origins.", code="origin_not_allowed"))
         return
-    await websocket.accept()
-    await Session(websocket, state).run()
+    if not websocket_authorized(websocket.headers, websocket.query_params, state.settings.api_key):
+        await _deny(websocket, APIError(401, "Incorrect API key provided.", code="invalid_api_key"))
+        return
+    if state.drain.draining:
+        await _deny(websocket, APIError(503, "The server is shutting down.", code="server_shutting_down"))
+        return
+    await websocket.accept(subprotocol=chosen_subprotocol(websocket.headers))
+    with state.drain.track():
+        await Session(websocket, state).run()
 

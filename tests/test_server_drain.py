@@ -1,0 +1,137 @@
+"""SIGTERM drains a real `pcgtts serve` process: /ready turns 503 at once, new work is refused, streams in
+flight finish (or, past the drain deadline, end with an in-band word), and the process exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from server_support import free_port
+from websockets.sync.client import connect
+
+LONG = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
+        "How much wood would a woodchuck chuck, if a woodchuck could chuck wood? ")
+
+
+class ServeProcess:
+    def __init__(self, bundle, tmp_path, drain_timeout: float):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PCGTTS_MODEL": str(bundle), "PCGTTS_PORT": str(self.port),
+               "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "info",
+               "PCGTTS_DRAIN_TIMEOUT_S": str(drain_timeout)}
+        self.log = tmp_path / "serve.log"
+        self.process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve"], env=env,
+                                        stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+        deadline = time.monotonic() + 180
+        while self.ready() != 200:
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.2)
+
+    def ready(self) -> int | None:
+        try:
+            return httpx.get(self.url + "/ready", timeout=5).status_code
+        except httpx.TransportError:
+            return None
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+class SSEClient(threading.Thread):
+    """Reads one SSE speech stream to its end in a thread; `first_audio` is set at the first delta."""
+
+    def __init__(self, url: str, text: str):
+        super().__init__(daemon=True)
+        self.url, self.text = url, text
+        self.events: list[dict] = []
+        self.first_audio = threading.Event()
+
+    def run(self) -> None:
+        body = {"input": self.text, "stream_format": "sse", "response_format": "pcm", "seed": 1}
+        with httpx.stream("POST", self.url + "/v1/audio/speech", json=body, timeout=300) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    self.events.append(json.loads(line[6:]))
+                    self.first_audio.set()
+
+
+def ws_utterance(url: str, text: str, started: threading.Event, out: list) -> None:
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:
+        ws.recv(timeout=30)  # session.created
+        ws.send(json.dumps({"type": "input.text", "text": text}))
+        ws.send(json.dumps({"type": "input.done"}))
+        try:
+            while True:
+                message = ws.recv(timeout=300)
+                if isinstance(message, bytes):
+                    started.set()
+                    continue
+                out.append(json.loads(message))
+        except Exception as exc:  # the server closes the socket at the end of the drain
+            out.append({"closed": getattr(getattr(exc, "rcvd", None), "code", None)})
+
+
+def start_streams(server: ServeProcess, text: str):
+    sse = SSEClient(server.url, text)
+    sse.start()
+    ws_started, ws_out = threading.Event(), []
+    ws = threading.Thread(target=ws_utterance, args=(server.url, text, ws_started, ws_out), daemon=True)
+    ws.start()
+    assert sse.first_audio.wait(120) and ws_started.wait(120), server.log.read_text()
+    return sse, ws, ws_out
+
+
+@pytest.mark.slow
+def test_sigterm_lets_streams_in_flight_finish_then_exits_zero(demo_bundle, tmp_path):
+    server = ServeProcess(demo_bundle, tmp_path, drain_timeout=240)
+    try:
+        sse, ws, ws_out = start_streams(server, LONG)
+        server.process.send_signal(signal.SIGTERM)
+        seen = [server.ready() for _ in range(3)]
+        assert 503 in seen and 200 not in seen[seen.index(503):], seen
+        refused = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=30)
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "server_shutting_down"
+        sse.join(300)
+        ws.join(300)
+        assert server.process.wait(120) == 0, server.log.read_text()
+    finally:
+        server.close()
+    assert sse.events[-1]["type"] == "speech.audio.done", sse.events[-1]
+    assert sum(e["type"] == "speech.audio.delta" for e in sse.events) > 1
+    done = [m for m in ws_out if m.get("type") == "audio.done"]
+    assert len(done) == 1 and done[0]["cancelled"] is False and done[0]["finish_reason"] in ("stop", "length")
+    assert {"type": "session.done", "reason": "server_shutdown"} in ws_out
+    assert ws_out[-1] == {"closed": 1001}
+
+
+@pytest.mark.slow
+def test_streams_past_the_drain_deadline_end_with_a_word_and_exit_is_zero(demo_bundle, tmp_path):
+    server = ServeProcess(demo_bundle, tmp_path, drain_timeout=1.0)
+    try:
+        sse, ws, ws_out = start_streams(server, LONG * 12)
+        server.process.send_signal(signal.SIGTERM)
+        readiness = server.ready()
+        in_flight = sse.is_alive() and ws.is_alive()
+        assert readiness == 503 and in_flight  # /ready says so while the streams still run
+        sse.join(120)
+        ws.join(120)
+        assert server.process.wait(120) == 0, server.log.read_text()
+    finally:
+        server.close()
+    assert sse.events[-1]["type"] == "speech.audio.error", sse.events[-1]
+    assert sse.events[-1]["error"]["code"] == "server_shutdown"
+    done = [m for m in ws_out if m.get("type") == "audio.done"]
+    assert len(done) == 1 and done[0]["cancelled"] is True and done[0]["reason"] == "server_shutdown"
+    assert ws_out[-1] == {"closed": 1001}
+    assert "drained in" in server.log.read_text()
