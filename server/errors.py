@@ -24,6 +24,7 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
@@ -151,7 +152,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         status = exc.status_code
         body = error_body(str(exc.detail), _TYPE_BY_STATUS.get(status, "server_error"), None,
-                          {404: "not_found", 405: "method_not_allowed"}.get(status))
+                          {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status))
         return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

@@ -86,10 +86,15 @@ class RedactSecrets(logging.Filter):
     """Rewrites API keys (query strings, bearer tokens) in a record's message and arguments."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str):
-            record.msg = redact(record.msg)
-        if isinstance(record.args, tuple):
-            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.args, tuple):  # argument by argument first: uvicorn's access formatter
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)  # unpacks them
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: let logging report it as usual
+            return True
+        redacted = redact(message)
+        if redacted != message:  # a key split across format and arguments ("Bearer %s")
+            record.msg, record.args = redacted, ()
         return True
 
 

@@ -20,13 +20,17 @@ LONG = ("The quick brown fox jumps over the lazy dog. She sells sea shells by th
         "How much wood would a woodchuck chuck, if a woodchuck could chuck wood? ")
 
 
+KEY = "drain-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
 class ServeProcess:
     def __init__(self, bundle, tmp_path, drain_timeout: float):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PCGTTS_MODEL": str(bundle), "PCGTTS_PORT": str(self.port),
                "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "info",
-               "PCGTTS_DRAIN_TIMEOUT_S": str(drain_timeout)}
+               "PCGTTS_DRAIN_TIMEOUT_S": str(drain_timeout), "PCGTTS_API_KEY": KEY}
         self.log = tmp_path / "serve.log"
         self.process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve"], env=env,
                                         stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
@@ -58,7 +62,8 @@ class SSEClient(threading.Thread):
 
     def run(self) -> None:
         body = {"input": self.text, "stream_format": "sse", "response_format": "pcm", "seed": 1}
-        with httpx.stream("POST", self.url + "/v1/audio/speech", json=body, timeout=300) as response:
+        with httpx.stream("POST", self.url + "/v1/audio/speech", json=body, headers=AUTH,
+                          timeout=300) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     self.events.append(json.loads(line[6:]))
@@ -66,7 +71,8 @@ class SSEClient(threading.Thread):
 
 
 def ws_utterance(url: str, text: str, started: threading.Event, out: list) -> None:
-    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:
+    # the old query form of the key, so that the log check below sees it redacted
+    with connect(url.replace("http://", "ws://") + f"/v1/audio/speech/stream?api_key={KEY}") as ws:
         ws.recv(timeout=30)  # session.created
         ws.send(json.dumps({"type": "input.text", "text": text}))
         ws.send(json.dumps({"type": "input.done"}))
@@ -99,7 +105,7 @@ def test_sigterm_lets_streams_in_flight_finish_then_exits_zero(demo_bundle, tmp_
         server.process.send_signal(signal.SIGTERM)
         seen = [server.ready() for _ in range(3)]
         assert 503 in seen and 200 not in seen[seen.index(503):], seen
-        refused = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi."}, timeout=30)
+        refused = httpx.post(server.url + "/v1/audio/speech", json={"input": "Hi."}, headers=AUTH, timeout=30)
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "server_shutting_down"
         sse.join(300)
@@ -113,6 +119,8 @@ def test_sigterm_lets_streams_in_flight_finish_then_exits_zero(demo_bundle, tmp_
     assert len(done) == 1 and done[0]["cancelled"] is False and done[0]["finish_reason"] in ("stop", "length")
     assert {"type": "session.done", "reason": "server_shutdown"} in ws_out
     assert ws_out[-1] == {"closed": 1001}
+    log = server.log.read_text()
+    assert "api_key=[REDACTED]" in log and KEY not in log
 
 
 @pytest.mark.slow

@@ -114,14 +114,20 @@ let firstAudio = false;
 
 function socketUrl() {
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const key = apiKey() ? `?api_key=${encodeURIComponent(apiKey())}` : "";
-  return `${scheme}://${location.host}/v1/audio/speech/stream${key}`;
+  return `${scheme}://${location.host}/v1/audio/speech/stream`;
+}
+
+// The API key travels as a subprotocol (base64url), never in the URL, where logs and history keep it.
+function socketProtocols() {
+  if (!apiKey()) return [];
+  const b64 = btoa(String.fromCharCode(...new TextEncoder().encode(apiKey())));
+  return ["pcgtts", "pcgtts.bearer." + b64.replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "")];
 }
 
 function openSocket() {
   if (socket && socket.readyState <= WebSocket.OPEN) return Promise.resolve(socket);
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(socketUrl());
+    const ws = new WebSocket(socketUrl(), socketProtocols());
     ws.binaryType = "arraybuffer";
     ws.onopen = () => { socket = ws; resolve(ws); };
     ws.onerror = () => reject(new Error("WebSocket failed"));
