@@ -12,9 +12,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("pcgtts.server")
 
@@ -136,6 +137,16 @@ def validation_error(errors: list[dict], *, in_body: bool = True,
     return APIError(400, msg, param=param, code=code)
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (Starlette names only the first route's), plus OPTIONS."""
+    methods = {"OPTIONS"}
+    for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            methods.add(method)
+    return ", ".join(sorted(methods))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -149,8 +160,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         status = exc.status_code
+        if status == 405:
+            allow = allowed_methods(request)
+            if request.method == "OPTIONS":  # what the resource supports, not an error
+                return Response(status_code=204, headers={"Allow": allow})
+            body = error_body(f"Method {request.method} not allowed on {request.url.path}; allowed: {allow}.",
+                              "invalid_request_error", None, "method_not_allowed")
+            return JSONResponse(body, status_code=405, headers={"Allow": allow})
         body = error_body(str(exc.detail), _TYPE_BY_STATUS.get(status, "server_error"), None,
                           {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status))
         return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))

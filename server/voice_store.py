@@ -22,6 +22,7 @@ import secrets
 import sqlite3
 import threading
 import time
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -42,6 +43,11 @@ CREATE TABLE IF NOT EXISTS voices (
 )
 """
 _SAFE_KEY = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def name_key(name: str) -> str:
+    """What makes two voice names the same: NFKC-normalised, case-folded (`ARIA` = `aria`, `Ä` = `ä`)."""
+    return unicodedata.normalize("NFKC", name).casefold()
 
 
 class VoiceExistsError(ValueError):
@@ -118,7 +124,9 @@ class VoiceStore:
 
     def create(self, name: str, transcript: str, audio: np.ndarray, sample_rate: int,
                consent: str | None = None) -> StoredVoice:
-        """audio: float32 [n] mono. Raises VoiceExistsError when the name is taken."""
+        """audio: float32 [n] mono. Raises VoiceExistsError when the name is taken (names are compared
+        case-insensitively, Unicode included: see `name_key`)."""
+        name = unicodedata.normalize("NFC", name)
         if self.find_by_name(name) is not None:
             raise VoiceExistsError(name)
         voice = StoredVoice(id=f"voice_{secrets.token_hex(8)}", name=name, transcript=transcript,
@@ -143,9 +151,14 @@ class VoiceStore:
         return self._row(row) if row else None
 
     def find_by_name(self, name: str) -> StoredVoice | None:
+        """The voice whose name equals `name` up to case (Unicode case folding; SQLite's NOCASE folds
+        ASCII only, so the rest is compared here)."""
         with self._lock:
             row = self._db.execute("SELECT * FROM voices WHERE name = ?", (name,)).fetchone()
-        return self._row(row) if row else None
+        if row:
+            return self._row(row)
+        key = name_key(name)
+        return next((v for v in self.list() if name_key(v.name) == key), None)
 
     def find(self, name_or_id: str) -> StoredVoice | None:
         return self.get(name_or_id) or self.find_by_name(name_or_id)

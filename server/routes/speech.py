@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server.audio.formats import content_type
+from server.audio.formats import CONTENT_TYPES, content_type
 from server.audio.pipeline import OutputPipeline, encode_whole
 from server.drain import Drain, until_cut
 from server.errors import APIError
@@ -34,7 +34,7 @@ router = APIRouter(tags=["speech"])
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 429, 500, 503)}
 _AUDIO_CONTENT = {"content": {
-    "audio/mpeg": {}, "audio/opus": {}, "audio/aac": {}, "audio/flac": {}, "audio/wav": {}, "audio/pcm": {},
+    **{ctype: {} for ctype in CONTENT_TYPES.values()},
     "text/event-stream": {"example": 'data: {"type":"speech.audio.delta","audio":"<base64>"}\n\n'},
 }, "description": "The audio (chunked), or SSE events when stream_format is 'sse'."}
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

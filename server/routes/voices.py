@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import re
+import unicodedata
 
+import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi.responses import JSONResponse
 
 from server.errors import APIError, bad_request, not_found
 from server.schemas import ErrorResponse, VoiceDeleted, VoiceList, VoiceResource
 from server.state import AppState, get_state
-from server.voice_store import StoredVoice, VoiceExistsError
+from server.voice_store import StoredVoice, VoiceExistsError, name_key
 
 router = APIRouter(tags=["voices"])
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 503)}
@@ -44,7 +47,10 @@ async def list_voices(request: Request) -> VoiceList:
     return VoiceList(data=data, voices=[v.name for v in data])
 
 
-@router.post("/v1/audio/voices", response_model=VoiceResource, status_code=201, responses=_ERRORS,
+@router.post("/v1/audio/voices", response_model=VoiceResource, status_code=201,
+             responses={200: {"model": VoiceResource, "description": "A retry of an upload already stored "
+                                                                    "(same name, transcript and audio)."},
+                        **_ERRORS},
              summary="Upload a voice")
 async def create_voice(
     request: Request,
@@ -59,11 +65,12 @@ async def create_voice(
     service, _ = state.require_ready()
     if type not in (None, "audio_sample"):
         raise bad_request("Only voices made from an audio sample are supported.", param="type")
-    name = name.strip()
+    name = unicodedata.normalize("NFC", name.strip())
     if not _NAME.match(name):
         raise bad_request("name must be 1-64 letters, digits, spaces, '_', '.', \"'\" or '-'.", param="name")
-    if name in service.preset_voices():
-        raise APIError(409, f"{name!r} is a preset voice name.", param="name", code="voice_exists")
+    if any(name_key(name) == name_key(preset) for preset in service.preset_voices()):
+        raise APIError(409, f"{name!r} is a preset voice name (names ignore case).", param="name",
+                       code="voice_exists")
     text = (transcript or ref_text or "").strip()
     if not text:
         raise bad_request("transcript (what the clip says) is required.", param="transcript",
@@ -71,20 +78,35 @@ async def create_voice(
     if len(text) > 2000:
         raise bad_request("transcript is longer than 2000 characters.", param="transcript",
                           code="string_above_max_length")
+    data = await audio_sample.read(state.limits.max_upload_bytes + 1)
+    audio = await asyncio.to_thread(state.limits.decode, data, "audio_sample")
+    if (existing := await asyncio.to_thread(_same_upload, state, name, text, audio)) is not None:
+        return existing  # a retry whose first reply was lost: the same voice again, not a 409
     if state.store.count() >= state.settings.max_voices:
         raise APIError(409, f"The server keeps at most {state.settings.max_voices} voices; delete one first.",
                        code="too_many_voices")
-    data = await audio_sample.read(state.limits.max_upload_bytes + 1)
-    audio = await asyncio.to_thread(state.limits.decode, data, "audio_sample")
     prompt = await asyncio.to_thread(service.encode_voice, audio.samples, audio.sample_rate, text)
     try:
         voice = await asyncio.to_thread(state.store.create, name, text, audio.samples, audio.sample_rate,
                                         consent)
     except VoiceExistsError as exc:
-        raise APIError(409, f"A voice named {name!r} exists already.", param="name",
-                       code="voice_exists") from exc
+        raise APIError(409, f"A voice named {name!r} exists already (names ignore case); a retry of the "
+                            "same upload (same name, transcript and audio) returns it instead.",
+                       param="name", code="voice_exists") from exc
     await asyncio.to_thread(state.store.save_codes, voice.id, service.codec_key, prompt.codes)
     return _uploaded(voice)
+
+
+def _same_upload(state: AppState, name: str, transcript: str, audio) -> JSONResponse | None:
+    """The stored voice (as a 200) when `name` is taken by exactly this upload; None when the name is free;
+    VoiceExistsError's 409 comes from create() when it is taken by another clip."""
+    stored = state.store.find_by_name(name)
+    if stored is None or stored.transcript != transcript:
+        return None
+    samples, rate = state.store.load_audio(stored.id)
+    if rate != audio.sample_rate or not np.array_equal(samples, np.asarray(audio.samples, np.float32)):
+        return None
+    return JSONResponse(_uploaded(stored).model_dump(), status_code=200)
 
 
 def _find(state: AppState, voice_id: str) -> StoredVoice:
