@@ -56,6 +56,8 @@ class ServerSettings:
                                            "and codec threads would contend, else torch's; 0 = torch's)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",
                          factory=lambda: str(_default_data_dir()))
+    shared_voices: int = _opt(0, "1: data_dir is shared by several replicas (a ReadWriteMany volume); the "
+                                 "voice index then uses file locks, not WAL (the volume needs POSIX locks)")
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on /v1/*")
     max_upload_mb: float = _opt(10.0, "largest voice upload / inline ref_audio, MiB")
     max_voices: int = _opt(1000, "most uploaded voices kept")

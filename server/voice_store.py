@@ -87,9 +87,19 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+# A shared store leaves other replicas' temp files alone until they are this old (an upload takes seconds).
+SHARED_TEMP_GRACE_S = 600.0
+
+
 class VoiceStore:
-    def __init__(self, root: str | Path):
+    """shared: the directory is used by several server replicas at once (a ReadWriteMany volume). SQLite
+    then keeps a rollback journal with POSIX file locks (WAL needs shared memory, i.e. one host), waits for
+    another replica's write instead of failing, and leaves young temp files to the replica writing them.
+    The filesystem must implement POSIX advisory locks (CephFS, EFS and NFSv4 with locking do)."""
+
+    def __init__(self, root: str | Path, shared: bool = False):
         self.root = Path(root)
+        self.shared = shared
         self._audio_dir = self.root / "audio"
         self._codes_dir = self.root / "codes"
         for d in (self.root, self._audio_dir, self._codes_dir):
@@ -97,16 +107,20 @@ class VoiceStore:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.root / "voices.sqlite3", check_same_thread=False,
                                    isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA busy_timeout={10_000 if shared else 0}")
+        self._db.execute(f"PRAGMA journal_mode={'DELETE' if shared else 'WAL'}")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute(_SCHEMA)
         self._recover()
 
     def _recover(self) -> None:
         """Drop temp files of interrupted writes and rows whose audio is gone."""
+        grace = SHARED_TEMP_GRACE_S if self.shared else 0.0
         for d in (self._audio_dir, self._codes_dir):
             for tmp in d.glob(".*.tmp-*"):
-                tmp.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    if time.time() - tmp.stat().st_mtime >= grace:
+                        tmp.unlink(missing_ok=True)
         for voice in self.list():
             if not self._audio_path(voice.id).exists():
                 log.warning("voice %s (%s) lost its audio file; removing it", voice.id, voice.name)

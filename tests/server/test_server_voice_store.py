@@ -67,3 +67,18 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     atomic_write(path, b"new contents")
     assert path.read_bytes() == b"new contents"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+def test_shared_store_sees_another_replicas_writes_and_keeps_its_young_temp_files(tmp_path):
+    """Two stores on one directory, as two pods on a ReadWriteMany volume: rollback journal, not WAL."""
+    a, b = VoiceStore(tmp_path, shared=True), VoiceStore(tmp_path, shared=True)
+    assert a._db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    voice = a.create("dora", "shared", tone(1.0, 16000), 16000)
+    assert b.find_by_name("DORA") == voice
+    with pytest.raises(VoiceExistsError):
+        b.create("Dora", "again", tone(1.0, 16000), 16000)
+    in_progress = tmp_path / "audio" / ".voice_y.wav.tmp-5678"  # another replica writing right now
+    in_progress.write_bytes(b"partial")
+    VoiceStore(tmp_path, shared=True)
+    assert in_progress.exists()
+    assert b.delete(voice.id) and a.get(voice.id) is None
