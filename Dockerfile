@@ -24,9 +24,12 @@ COPY recipes ./recipes
 RUN pip install .
 COPY models ./models
 
-RUN useradd --create-home --uid 1000 pcgtts && mkdir -p /data && chown pcgtts /data
-USER pcgtts
+RUN useradd --create-home --uid 1000 pcgtts && mkdir -p /data && chown 1000:1000 /data
+USER 1000:1000
 VOLUME ["/data"]
 EXPOSE 8000
-HEALTHCHECK --interval=15s --timeout=3s --start-period=60s CMD curl -fsS http://localhost:8000/ready || exit 1
+HEALTHCHECK --interval=15s --timeout=3s --start-period=60s CMD ["curl", "-fsS", "http://localhost:8000/ready"]
+# SIGTERM drains (PCGTTS_DRAIN_TIMEOUT_S, default 25 s) and exits 0: give `docker stop` more than that
+# (docker-compose.yml sets stop_grace_period).
+STOPSIGNAL SIGTERM
 CMD ["pcgtts", "serve"]

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: install system-deps serve test lint demo-model bench
+.PHONY: install system-deps serve test lint check-deploy demo-model bench
 
 install: $(VENV)/.installed
 
@@ -21,12 +21,21 @@ system-deps:
 serve: install
 	$(VENV)/bin/pcgtts serve
 
-test: install
+test: install check-deploy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -ra
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# The deployment files, as written: the Dockerfile (hadolint, rules in .hadolint.yaml), the compose file
+# (the compose specification's schema) and every Kubernetes resource (kubernetes-validate --strict; the
+# overlays and the optional ServiceMonitor are checked by tests/test_deploy_manifests.py).
+K8S_RESOURCES := $(filter-out %/kustomization.yaml,$(wildcard deploy/k8s/*.yaml))
+check-deploy: install
+	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec docker-compose.yml
+	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.29.0 $(K8S_RESOURCES)
 
 # Rebuilds models/demo-en from scratch (hours on a 2-core CPU; resumable). The eval stage needs the
 # `eval` extra and the hash-pinned wheels of recipes/demo/requirements-eval.txt.

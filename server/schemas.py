@@ -28,21 +28,26 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    temperature: float | None = Field(None, ge=0.0, le=2.0,
+    # strict: a number must be a JSON number (no true/false, no "3"); ranges are closed and never clamped
+    temperature: float | None = Field(None, strict=True, ge=0.0, le=2.0,
                                       description="Sampling temperature: 0 (greedy) or 0.01..2.")
-    top_p: float | None = Field(None, ge=0.01, le=1.0, description="Nucleus sampling mass, 0.01..1.")
-    top_k: int | None = Field(None, ge=0, le=MAX_TOP_K,
+    top_p: float | None = Field(None, strict=True, ge=0.01, le=1.0,
+                                description="Nucleus sampling mass, 0.01..1.")
+    top_k: int | None = Field(None, strict=True, ge=0, le=MAX_TOP_K,
                               description="Keep the k most likely tokens; 0 = off; at most the vocabulary.")
-    repetition_penalty: float | None = Field(None, ge=0.1, le=3.0, description="1 = off; 0.1..3.")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Seed for reproducible sampling.")
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS,
+    repetition_penalty: float | None = Field(None, strict=True, ge=0.1, le=3.0,
+                                             description="1 = off; 0.1..3.")
+    seed: int | None = Field(None, strict=True, ge=0, le=2**63 - 1,
+                             description="Seed for reproducible sampling.")
+    max_tokens: int | None = Field(None, strict=True, ge=1, le=MAX_TOKENS,
                                    description="Cap on generated speech tokens per sentence.")
     acceptance: str | None = Field(
         None, description="Speculative acceptance rule for this request (A/B tests): one the server "
                           "lists in GET /v1/models under `pcgtts.acceptance_rules`.")
     num_speculative_tokens: int | None = Field(
-        None, ge=1, le=16, description="Draft tokens verified per step for this request: 1 up to the "
-                                      "engine's γ (`pcgtts.num_speculative_tokens` in GET /v1/models).")
+        None, ge=1, le=16, strict=True,
+        description="Draft tokens verified per step for this request: 1 up to the engine's γ "
+                    "(`pcgtts.num_speculative_tokens` in GET /v1/models).")
     asg_table: str | None = Field(
         None, description="Name of a loaded ASG table (θ choice) for PCG/LANTERN: one of "
                           "`pcgtts.asg_tables` in GET /v1/models.")
@@ -72,10 +77,11 @@ class SpeechRequest(SamplingFields):
     instructions: str | None = Field(
         None, max_length=MAX_INPUT_CHARS, description="Accepted for compatibility; this model ignores it.")
     response_format: ResponseFormat = "mp3"
-    speed: float = Field(1.0, ge=0.25, le=4.0, description="Playback speed, pitch preserved.")
+    speed: float = Field(1.0, ge=0.25, le=4.0, strict=True, description="Playback speed, pitch preserved.")
     stream_format: Literal["audio", "sse"] = "audio"
     stream: bool = Field(
-        True, description="Extension: false waits for the whole utterance and sends it with Content-Length.")
+        True, strict=True,
+        description="Extension: false waits for the whole utterance and sends it with Content-Length.")
 
 
 class Usage(BaseModel):

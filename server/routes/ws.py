@@ -75,8 +75,8 @@ class SessionConfig(SamplingFields):
     model: str | None = None
     voice: str | VoiceId | None = None
     response_format: Literal["pcm"] = "pcm"
-    speed: float = Field(1.0, ge=0.25, le=4.0)
-    sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000)
+    speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
+    sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
     instructions: str | None = None
 
 

@@ -86,11 +86,15 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
     unit start phases -> (audio [B, n * hop / UPSAMPLE], final phases [B, F, n])."""
     n_fft, hop, window = spec.n_fft, spec.hop // UPSAMPLE, spec.window
     length = mag.shape[-1] * hop
+    # reflect padding needs more than n_fft / 2 samples; a block of a frame or two (a 2-token utterance)
+    # is zero-padded instead of failing
+    pad_mode = "reflect" if length > n_fft // 2 else "constant"
     prev = torch.zeros_like(phase)
     coef = cfg.momentum / (1 + cfg.momentum)
     for _ in range(cfg.iterations):
         audio = torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length)
-        rebuilt = torch.stft(audio, n_fft, hop, window=window, center=True, return_complex=True)[..., :-1]
+        rebuilt = torch.stft(audio, n_fft, hop, window=window, center=True, pad_mode=pad_mode,
+                             return_complex=True)[..., :-1]
         phase = rebuilt - coef * prev
         prev = rebuilt
         phase = torch.sgn(phase)  # x / |x|: ~2x faster than dividing by abs() on CPU
