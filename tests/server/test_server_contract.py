@@ -14,7 +14,7 @@ import soundfile as sf
 from server_support import tone, wait_idle
 from websockets.sync.client import connect
 
-from engine.tts import SynthesisOptions
+from tts import SynthesisOptions
 
 
 def wav_bytes(audio: np.ndarray, rate: int = 22050) -> bytes:

@@ -19,7 +19,7 @@ from websockets.sync.client import connect
 
 from engine.errors import RequestFailed
 from engine.speech.base import DecodeConstraint
-from engine.tts import SynthesisOptions
+from tts import SynthesisOptions
 
 TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
         "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?")

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_support import engine_config, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
+from engine_support import engine_config, save_draft_from, save_tiny_llama
 
 from engine import Engine, SamplingParams
 from engine.async_engine import AsyncEngine

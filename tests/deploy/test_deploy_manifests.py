@@ -15,7 +15,7 @@ import yaml
 from server.metrics import PREFIX
 from server.settings import ServerSettings
 
-K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.29.0"  # the oldest minor still commonly supported by managed clusters
 
 
