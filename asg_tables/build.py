@@ -1,5 +1,8 @@
 """Build ASGs from an embedding table: G(t) = {t' : cos(e_t, e_t') >= θ}, identical groups merged.
 
+The same builder makes acoustic groups from any [V, D] matrix under `metric="l2"`: G(t) = {t' :
+||e_t - e_t'|| <= θ}, e.g. the codec's centroids (log-mel frames), θ a distance in their units.
+
 Blockwise: each block of `block_rows` rows is compared with the whole table in one matmul, thresholded, and
 kept only as a CSR slice, so peak memory is the float32 table plus one [block_rows, V] similarity block plus
 the groups themselves (a 65,536 x 2,048 table with 1,024-row blocks: 512 MiB + 256 MiB + the CSR).
@@ -24,32 +27,53 @@ def normalized_rows(embeddings: torch.Tensor, device: torch.device | str | None 
     return e / e.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def similarity_blocks(unit: torch.Tensor, block_rows: int, progress: bool, desc: str):
-    """Yield (start, cos[start:start+block_rows, :]) blocks of the cosine matrix of unit rows [V, D]."""
+def similarity_blocks(unit: torch.Tensor, block_rows: int, progress: bool, desc: str,
+                      metric: str = "cosine"):
+    """Yield (start, closeness[start:start+block_rows, :]) blocks of the closeness matrix of rows [V, D]."""
     for start in tqdm(range(0, unit.shape[0], block_rows), desc=desc, unit="block", disable=not progress):
-        yield start, unit[start : start + block_rows] @ unit.T  # [b, V]
+        yield start, closeness(unit[start : start + block_rows], unit, metric)  # [b, V]
 
 
-def upper_similarity_blocks(unit: torch.Tensor, block_rows: int, progress: bool, desc: str):
-    """Yield (start, cos[start:start+block_rows, start:]): the upper triangle by row blocks, about half the
-    work of the full matrix. Work per block shrinks, so the progress bar speeds up towards the end."""
+METRICS = ("cosine", "l2")
+
+
+def prepared_rows(embeddings: torch.Tensor, metric: str,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+    """Rows as the metric compares them: unit rows for cosine, float32 rows for l2."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose from {METRICS}")
+    if metric == "cosine":
+        return normalized_rows(embeddings, device)
+    return embeddings.to(device=device or embeddings.device, dtype=torch.float32)
+
+
+def closeness(a: torch.Tensor, b: torch.Tensor, metric: str) -> torch.Tensor:
+    """[n, D] x [m, D] -> [n, m], larger = closer: cosine of unit rows, or minus the L2 distance."""
+    return a @ b.T if metric == "cosine" else -torch.cdist(a, b)
+
+
+def upper_similarity_blocks(unit: torch.Tensor, block_rows: int, progress: bool, desc: str,
+                            metric: str = "cosine"):
+    """Yield (start, closeness[start:start+block_rows, start:]): the upper triangle by row blocks, about half
+    the work of the full matrix. Work per block shrinks, so the progress bar speeds up towards the end."""
     for start in tqdm(range(0, unit.shape[0], block_rows), desc=desc, unit="block", disable=not progress):
-        yield start, unit[start : start + block_rows] @ unit[start:].T  # [b, V - start]
+        yield start, closeness(unit[start : start + block_rows], unit[start:], metric)  # [b, V - start]
 
 
 def seed_groups(
-    unit: torch.Tensor, theta: float, block_rows: int, progress: bool
+    unit: torch.Tensor, theta: float, block_rows: int, progress: bool, metric: str = "cosine"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CSR (indptr Long[V+1], members Int32[nnz]) of G(t) for every row t, each containing t.
 
-    Cosine similarity is symmetric, so only the upper triangle is computed and each pair above the diagonal
+    Both metrics are symmetric, so only the upper triangle is computed and each pair above the diagonal
     block is recorded in both directions (which also makes the relation exactly symmetric under rounding)."""
     v = unit.shape[0]
     rows_out, cols_out = [], []
-    for start, sim in upper_similarity_blocks(unit, block_rows, progress, f"ASG θ={theta:g}"):
+    bound = theta if metric == "cosine" else -theta  # closeness >= bound
+    for start, sim in upper_similarity_blocks(unit, block_rows, progress, f"ASG θ={theta:g}", metric):
         b = sim.shape[0]
         local = torch.arange(b, device=sim.device)
-        mask = sim >= theta
+        mask = sim >= bound
         mask[local, local] = True  # t ∈ G(t) whatever rounding does to cos(e_t, e_t)
         i, j = mask.nonzero().unbind(1)  # the diagonal block [b, b] holds both directions already
         del sim, mask
@@ -120,18 +144,20 @@ def build_asg(
     device: torch.device | str | None = None,
     progress: bool = True,
     meta: dict | None = None,
+    metric: str = "cosine",
 ) -> ASGTable:
     """ASG table over tokens [offset, offset + V) of a vocabulary of `vocab_size` (default offset + V).
 
     embeddings: [V, D] rows of those tokens (any float dtype). Tokens outside the range are singletons,
-    numbered after the speech groups. Group ids of speech groups follow their first seed token."""
+    numbered after the speech groups. Group ids of speech groups follow their first seed token.
+    metric: "cosine" (G(t) = cos >= θ, the paper's) or "l2" (G(t) = distance <= θ)."""
     started = time.perf_counter()
     n = embeddings.shape[0]
     vocab_size = offset + n if vocab_size is None else int(vocab_size)
     if offset < 0 or offset + n > vocab_size:
         raise ValueError(f"token range [{offset}, {offset + n}) outside vocabulary of {vocab_size}")
-    unit = normalized_rows(embeddings, device)
-    indptr, members = seed_groups(unit, theta, block_rows, progress)
+    unit = prepared_rows(embeddings, metric, device)
+    indptr, members = seed_groups(unit, theta, block_rows, progress, metric)
     del unit
     group_of_row, reps = dedupe(indptr, members)
     # speech groups: the representative rows' member lists, shifted to vocabulary ids
@@ -146,6 +172,7 @@ def build_asg(
     seed_sizes = (indptr[1:] - indptr[:-1]).double()
     info = {
         "theta": float(theta),
+        "metric": metric,
         "offset": int(offset),
         "num_tokens": int(n),
         "vocab_size": vocab_size,
@@ -167,14 +194,16 @@ def seed_group_sizes(
     block_rows: int = DEFAULT_BLOCK_ROWS,
     device: torch.device | str | None = None,
     progress: bool = True,
+    metric: str = "cosine",
 ) -> torch.Tensor:
     """|G(t)| for every row and every θ in one pass over the similarity matrix: Long[len(thetas), V].
 
     A cheap preview for choosing θ (groups are not materialised or merged)."""
-    unit = normalized_rows(embeddings, device)
+    unit = prepared_rows(embeddings, metric, device)
+    sign = 1.0 if metric == "cosine" else -1.0
     out = []
-    for start, sim in similarity_blocks(unit, block_rows, progress, "θ sweep"):
+    for start, sim in similarity_blocks(unit, block_rows, progress, "θ sweep", metric):
         rows = torch.arange(sim.shape[0], device=sim.device)
         sim[rows, rows + start] = float("inf")  # t ∈ G(t)
-        out.append(torch.stack([(sim >= th).sum(dim=1) for th in thetas]))
+        out.append(torch.stack([(sim >= sign * th).sum(dim=1) for th in thetas]))
     return torch.cat(out, dim=1).cpu()

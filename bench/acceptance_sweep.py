@@ -55,17 +55,24 @@ class RuleSpec:
     label: str
     rule: str  # "target-only" or an engine.acceptance rule name
     params: dict = field(default_factory=dict)
-    theta: float | None = None
+    theta: float | str | None = None  # BUNDLE_TABLE: the bundle's own table, whatever built it
 
 
-def default_specs(quick: bool, bundle_theta: float | None) -> list[RuleSpec]:
-    theta = bundle_theta if bundle_theta is not None else 0.40
+BUNDLE_TABLE = "bundle"
+
+
+def default_specs(quick: bool, bundle_theta: float | None, bundle_table: str | None = None) -> list[RuleSpec]:
+    """bundle_table: the name of a bundle table not built from embeddings by cosine θ (e.g. acoustic
+    groups); it runs first among the PCG rows, and the cosine rows use the paper's construction at 0.55."""
+    theta = bundle_theta if bundle_theta is not None else (0.55 if bundle_table else 0.40)
+    bundle_rows = [RuleSpec(f"pcg {bundle_table}", "pcg", {}, theta=BUNDLE_TABLE)] if bundle_table else []
     specs = [
         RuleSpec("target-only", "target-only"),
         RuleSpec("exact", "exact"),
         RuleSpec("ssd β=0.2", "ssd", {"bias": 0.2}),
         RuleSpec("top-k k=3", "topk", {"k": 3}),
         RuleSpec("lantern k=5 δ=0.2", "lantern", {"k": 5, "delta": 0.2}, theta=theta),
+        *bundle_rows,
         RuleSpec(f"pcg θ={theta:.2f}", "pcg", {}, theta=theta),
         # a looser table: larger groups, more acceptance, the quality price to measure
         RuleSpec(f"pcg θ={theta - 0.1:.2f}", "pcg", {}, theta=round(theta - 0.1, 4)),
@@ -94,13 +101,19 @@ class TableCache:
         self.bundle, self.workdir, self.paths = bundle, workdir, {}
         self.token_range: tuple[int, int] | None = None
         self.bundle_theta: float | None = None
+        self.bundle_table: str | None = None  # set when the bundle's table is not cosine-θ groups
         if bundle.asg_table is not None:
             table = ASGTable.load(bundle.asg_table)
             self.token_range = speech_range(table)
-            self.bundle_theta = float(table.meta["theta"])
-            self.paths[self.bundle_theta] = bundle.asg_table
+            if table.meta.get("metric", "cosine") == "cosine":
+                self.bundle_theta = float(table.meta["theta"])
+                self.paths[self.bundle_theta] = bundle.asg_table
+            else:
+                self.bundle_table = table.meta.get("name") or f"{table.meta.get('grouping', 'table')} " \
+                    f"({table.meta['metric']} ≤ {float(table.meta['theta']):.3g})"
+                self.paths[BUNDLE_TABLE] = bundle.asg_table
 
-    def path(self, theta: float) -> Path:
+    def path(self, theta: float | str) -> Path:
         if theta not in self.paths:
             self.paths[theta] = self._build(theta)
         return self.paths[theta]
@@ -199,7 +212,7 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         tables = TableCache(bundle, Path(tmp))
-        specs = [s for s in default_specs(quick, tables.bundle_theta)
+        specs = [s for s in default_specs(quick, tables.bundle_theta, tables.bundle_table)
                  if rules is None or s.rule in rules or s.rule == "target-only"]
         for spec in specs:
             torch.manual_seed(seed)

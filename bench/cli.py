@@ -12,6 +12,8 @@ BENCHMARKS = {
     "engine": ("bench.engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
     "load": ("bench.load_test", "server load test: time to first audio, real-time factor"),
     "verify": ("bench.verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
+    "rejections": ("bench.rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
+    "groups": ("bench.groups", "ASGs: swap test and PCG decoding, WER and similarity"),
 }
 
 

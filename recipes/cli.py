@@ -36,6 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="with --max-steps: share of training examples turned into pseudo-speakers "
                            f"(default {defaults.phases[-1].speaker_warp}; recipes/demo/speaker_warp.py)")
     demo.add_argument("--draft-steps", type=int, default=defaults.draft_steps)
+    demo.add_argument("--draft-shape", default=defaults.draft_shape,
+                      help="draft LAYERSxHIDDEN[xHEADSxFFN] (default %(default)s; 'same': the target's "
+                           "width, its first layer copied)")
+    demo.add_argument("--draft-minutes", type=float, default=None,
+                      help="time budget for the draft's distillation: the schedule shortens to fit "
+                           "(resumable)")
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
 
@@ -56,6 +62,7 @@ def run_demo(args: argparse.Namespace) -> int:
     cfg = RecipeConfig(run_dir=args.run_dir, model_dir=args.model_dir, seed=args.seed,
                        num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
                        train_minutes=args.train_minutes, phases=phases, draft_steps=args.draft_steps,
+                       draft_shape=args.draft_shape, draft_minutes=args.draft_minutes,
                        threads=args.threads)
     run(cfg, args.stages or STAGES)
     return 0

@@ -2,8 +2,8 @@
 
 Stages: corpus -> prepare (codebook, codes, vocabulary) -> train (target LM) -> decoder (codec conv
 decoder) -> durations (duration model) -> draft (distilled 1-layer draft) -> voices (preset voices) ->
-bundle (export + ASG table) -> eval. Working files live in the run directory (git-ignored); the bundle is
-written to the model directory.
+bundle (export) -> tables (ASG tables into the bundle and its manifest) -> eval. Working files live in
+the run directory (git-ignored); the bundle is written to the model directory.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SAMPLING_DEFAULTS = {"temperature": 0.5}
 # sentences (T=0.8, seeds 0/1): the LM's own timing within p95 caps 1.02; a smaller duration model (d=64,
 # 1,500 steps) exactly 0.79, within ±20% 0.91; the shipped one exactly 0.705; espeak-ng's own durations 0.69
 DURATION_WINDOW = 0.0
-STAGES = ["corpus", "prepare", "train", "decoder", "durations", "draft", "voices", "bundle", "eval"]
+STAGES = ["corpus", "prepare", "train", "decoder", "durations", "draft", "voices", "bundle", "tables", "eval"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class RecipeConfig:
     train_minutes: float | None = None  # stop the target's training after this long (resumable)
     phases: tuple[TrainPhase, ...] = SHIPPED_PHASES  # batches of 12 utterances
     draft_steps: int = 2400
+    draft_shape: str = "1x128"  # recipes/demo/train_draft.py DraftShape.parse: "same" = the target's width
+    draft_minutes: float | None = None  # time budget for the draft's distillation (resumable)
     duration_steps: int = 2500
     workers: int = 2
     threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
@@ -156,18 +158,26 @@ def stage_draft(cfg: RecipeConfig) -> None:
     """Export the target checkpoint (fp16 Hugging Face dir) and distil the draft from it."""
     from transformers import LlamaForCausalLM
 
-    from recipes.demo.train_draft import distill, held_out_acceptance
+    from recipes.demo.train_draft import DraftShape, distill, held_out_acceptance
     from recipes.demo.train_lm import export
 
     export_dir = cfg.run_dir / "export"
-    export(cfg.run_dir / "target" / "ckpt.pt", export_dir / "target")
+    if (cfg.run_dir / "target" / "ckpt.pt").exists():
+        export(cfg.run_dir / "target" / "ckpt.pt", export_dir / "target")
+    elif cfg.init_from is not None:  # a new draft for a shipped target: distil from the bundle's weights
+        import shutil
+
+        shutil.copytree(cfg.init_from / "target", export_dir / "target", dirs_exist_ok=True)
     if (export_dir / "draft" / "config.json").exists():
         print("[draft] exported draft exists, kept")
         return
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     data = load_data(cfg.run_dir)
     target = LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
     draft = distill(target, data["vocab"], data["train"], cfg.run_dir / "draft", steps=cfg.draft_steps,
-                    seed=cfg.seed + 1)
+                    shape=DraftShape.parse(cfg.draft_shape), seed=cfg.seed + 1,
+                    time_budget_min=cfg.draft_minutes)
     alpha = held_out_acceptance(target, draft, data["vocab"], data["val"])
     print(f"[draft] held-out per-token acceptance (exact, T=0.8, teacher-forced): {alpha:.3f}", flush=True)
     (cfg.run_dir / "draft" / "acceptance.json").write_text(json.dumps({"held_out_per_token_alpha": alpha}))
@@ -182,11 +192,10 @@ def stage_voices(cfg: RecipeConfig) -> None:
 
 
 def stage_bundle(cfg: RecipeConfig) -> None:
-    """Assemble the model directory: target, draft, codec, vocabulary, ASG table, manifest, loss curves."""
+    """Assemble the model directory: target, draft, codec, vocabulary, manifest, loss curves."""
     import json
     import shutil
 
-    from recipes.demo.asg import build_table
     from recipes.demo.durations import duration_caps
     from recipes.demo.report import plot_losses
 
@@ -206,12 +215,24 @@ def stage_bundle(cfg: RecipeConfig) -> None:
     family["max_phoneme_frames"] = duration_caps(vocab, data["train"])  # used without a duration model
     family["duration_window"] = DURATION_WINDOW
     (model_dir / "family.json").write_text(json.dumps(family, indent=1))
-    tables = build_table(model_dir, vocab)
     manifest = {"family": "demo-phoneme", "target": "target", "draft": "draft", "codec": "codec",
-                "codec_type": "demo-mel", "asg_table": "asg.safetensors", "voices": "voices",
-                "extra_asg_tables": tables["extra_tables"], "sampling": SAMPLING_DEFAULTS}
+                "codec_type": "demo-mel", "voices": "voices", "sampling": SAMPLING_DEFAULTS}
     (model_dir / "pcgtts.json").write_text(json.dumps(manifest, indent=1))
     plot_losses(cfg.run_dir, model_dir / "loss_curves.png")
+
+
+def stage_tables(cfg: RecipeConfig) -> None:
+    """(Re)build the bundle's ASG tables from its target and codec; needs only the model directory."""
+    from engine.speech.demo.layout import DemoVocab
+    from recipes.demo.asg import build_table
+
+    model_dir = cfg.model_dir
+    for old in model_dir.glob("asg-*.safetensors"):
+        old.unlink()
+    tables = build_table(model_dir, DemoVocab.load(model_dir / "family.json"))
+    manifest = json.loads((model_dir / "pcgtts.json").read_text())
+    manifest |= {"asg_table": "asg.safetensors", "extra_asg_tables": tables["extra_tables"]}
+    (model_dir / "pcgtts.json").write_text(json.dumps(manifest, indent=1))
 
 
 def stage_eval(cfg: RecipeConfig) -> None:

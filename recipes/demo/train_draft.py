@@ -1,14 +1,21 @@
-"""The draft: the target's embeddings, first layer(s), final norm and LM head, distilled from the target.
+"""The draft, distilled from the target.
+
+Two shapes: the target's own width (its embeddings, first layer(s), final norm and LM head, copied), or a
+narrower Llama (`DraftShape`, e.g. 1 layer of d=128), whose embeddings and LM head start as the target's
+projected onto their top principal directions and whose layers start fresh: a forward of the narrow one costs
+a small fraction of the target's (c = draft / target forward), which is what speculative decoding needs.
 
 Distillation minimises KL(target || draft) over the generated part of training sequences (teacher-forced
 target distributions computed on the fly), so the draft learns to propose what the target would sample.
+Checkpoints every CHECKPOINT_STEPS steps; an interrupted run resumes. A time budget shortens the schedule:
+the learning rate decays by whichever is further along, steps or time, and training stops when either ends.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +27,28 @@ from engine.speech.demo.constraint import MarkerMergeConstraint
 from engine.speech.demo.layout import DemoVocab
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
 from recipes.demo.optim import optimizer_step, warmup_linear_decay
-from recipes.demo.train_lm import ModelSize
+
+CHECKPOINT_STEPS = 100
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """A draft narrower than its target; `hidden` = None keeps the target's width (and copies its weights)."""
+
+    layers: int = 1
+    hidden: int | None = None
+    heads: int = 2
+    intermediate: int = 344
+
+    @classmethod
+    def parse(cls, text: str) -> DraftShape:
+        """"same" (the target's width, 1 layer) or LAYERSxHIDDEN[xHEADSxFFN]: "1x128", "1x128x2x344"."""
+        if text == "same":
+            return cls()
+        parts = [int(x) for x in text.split("x")]
+        if len(parts) not in (2, 4):
+            raise ValueError(f"draft shape {text!r}: want 'same', LAYERSxHIDDEN or LAYERSxHIDDENxHEADSxFFN")
+        return cls(*parts) if len(parts) == 4 else cls(parts[0], parts[1])
 
 
 def draft_from_target(target: LlamaForCausalLM, layers: int = 1) -> LlamaForCausalLM:
@@ -33,16 +61,59 @@ def draft_from_target(target: LlamaForCausalLM, layers: int = 1) -> LlamaForCaus
     return draft
 
 
-def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *, layers: int = 1,
-            steps: int = 400, batch_size: int = 12, lr: float = 6e-3, seed: int = 1) -> LlamaForCausalLM:
+@torch.no_grad()
+def narrow_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> LlamaForCausalLM:
+    """A `shape.hidden`-wide Llama whose embeddings and LM head are the target's projected onto the top
+    `shape.hidden` right-singular directions of [embeddings ; LM head x final-norm gain] (both live in the
+    target's residual space), so token identities and their readout start aligned; layers start fresh."""
+    torch.manual_seed(seed)
+    cfg = target.config.__class__(**target.config.to_dict())
+    cfg.num_hidden_layers, cfg.hidden_size = shape.layers, shape.hidden
+    cfg.num_attention_heads = cfg.num_key_value_heads = shape.heads
+    cfg.head_dim, cfg.intermediate_size = shape.hidden // shape.heads, shape.intermediate
+    draft = LlamaForCausalLM(cfg)
+    emb = target.model.embed_tokens.weight.float()  # [V, D]
+    head = target.lm_head.weight.float() * target.model.norm.weight.float()  # [V, D]
+    basis = torch.linalg.svd(torch.cat([emb, head]), full_matrices=False).Vh[: shape.hidden].T  # [D, d]
+    draft.model.embed_tokens.weight.copy_(emb @ basis)
+    draft.lm_head.weight.copy_(head @ basis)
+    draft.model.norm.weight.fill_(1.0)
+    return draft
+
+
+def make_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> LlamaForCausalLM:
+    if shape.hidden is None:
+        return draft_from_target(target, shape.layers)
+    return narrow_draft(target, shape, seed)
+
+
+def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *,
+            shape: DraftShape = DraftShape(), steps: int = 400, batch_size: int = 12, lr: float = 6e-3,
+            seed: int = 1, time_budget_min: float | None = None) -> LlamaForCausalLM:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     target.eval()
-    draft = draft_from_target(target, layers).train()
+    draft = make_draft(target, shape, seed).train()
     optim = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     plan = BatchPlan(utts, batch_size, seed)  # a different order from the target's (seed differs)
-    history, start = [], time.time()
-    for step in range(steps):
+    history, first, spent = [], 0, 0.0
+    ckpt_path = out_dir / "ckpt.pt"
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        draft.load_state_dict(state["draft"])
+        optim.load_state_dict(state["optim"])
+        history, first, spent = state["history"], state["step"], state["seconds"]
+        print(f"[draft] resumed at step {first} ({spent / 60:.1f} min spent)", flush=True)
+    budget = None if time_budget_min is None else 60 * time_budget_min
+    start = time.time() - spent
+    step = first
+    for step in range(first, steps):
+        elapsed = time.time() - start
+        if budget is not None and elapsed >= budget:
+            print(f"[draft] time budget spent at step {step}", flush=True)
+            break
+        # progress by steps or by time, whichever is further: the schedule always ends decayed
+        at = max(step, int(steps * elapsed / budget) if budget else 0)
         batch = make_batch(vocab, utts, plan, step)
         keep = batch["labels"] != IGNORE  # [B, L] positions whose next token is generated speech
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -50,14 +121,28 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
             t_logp = torch.log_softmax(target(**inputs).logits[keep].float(), -1)  # [n, V]
         d_logp = torch.log_softmax(draft(**inputs).logits[keep], -1)  # [n, V]
         loss = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()  # KL(target || draft)
-        optimizer_step(optim, loss, warmup_linear_decay(step, steps, lr, warmup=50, floor=0.1), clip=1.0)
+        optimizer_step(optim, loss, warmup_linear_decay(at, steps, lr, warmup=50, floor=0.1), clip=1.0)
         history.append({"step": step + 1, "kl": loss.item(), "time": time.time()})
         if (step + 1) % 25 == 0:
             print(f"[draft] step {step + 1}/{steps} KL {loss.item():.3f} {time.time() - start:.0f}s",
                   flush=True)
+        if (step + 1) % CHECKPOINT_STEPS == 0:
+            save_checkpoint(ckpt_path, draft, optim, history, step + 1, time.time() - start)
+    else:
+        step = steps
+    save_checkpoint(ckpt_path, draft, optim, history, step, time.time() - start)
     (out_dir / "history.json").write_text(json.dumps(history))
-    (out_dir / "size.json").write_text(json.dumps(asdict(ModelSize(layers=layers)) | {"from": "target"}))
+    size = asdict(shape) | {"hidden": shape.hidden or target.config.hidden_size}
+    (out_dir / "size.json").write_text(json.dumps(size | {"from": "target", "steps": step}))
     return draft.eval()
+
+
+def save_checkpoint(path: Path, draft: LlamaForCausalLM, optim: torch.optim.Optimizer, history: list,
+                    step: int, seconds: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"draft": draft.state_dict(), "optim": optim.state_dict(), "history": history, "step": step,
+                "seconds": seconds}, tmp)
+    tmp.rename(path)
 
 
 @torch.no_grad()

@@ -64,3 +64,24 @@ def test_theta_sweep_counts_seed_groups():
         per_token = table.group_sizes()[table.seed_group.long()]
         assert torch.equal(sizes[i], per_token)
     assert bool((sizes[0] <= sizes[1]).all() and (sizes[1] <= sizes[2]).all())
+
+
+def test_l2_metric_groups_by_distance_against_brute_force():
+    # acoustic groups (e.g. codec centroids): G(t) = {t' : ||e_t - e_t'|| <= θ}; row lengths matter here
+    gen = torch.Generator().manual_seed(2)
+    emb = torch.randn(150, 5, generator=gen) * torch.rand(150, 1, generator=gen) * 3
+    dist = torch.cdist(emb, emb)
+    radius = float(dist.median()) / 3
+    expected: list[list[int]] = []
+    for t in range(150):
+        members = sorted(set(torch.nonzero(dist[t] <= radius).flatten().tolist()) | {t})
+        if members not in expected:
+            expected.append(members)
+    for block_rows in (11, 1024):
+        table = build_asg(emb, radius, block_rows=block_rows, progress=False, metric="l2")
+        assert all_groups(table) == expected
+        assert table.meta["metric"] == "l2"
+    sizes = seed_group_sizes(emb, [radius, 2 * radius], block_rows=40, progress=False, metric="l2")
+    table = build_asg(emb, radius, progress=False, metric="l2")
+    assert torch.equal(sizes[0], table.group_sizes()[table.seed_group.long()])
+    assert bool((sizes[0] <= sizes[1]).all()) and float(sizes[0].double().mean()) > 1.5

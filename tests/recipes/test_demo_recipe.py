@@ -9,7 +9,7 @@ import torch
 from engine.speech.demo.layout import END, SPEECH, DemoVocab, prompt_tokens
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, example, make_batch
 from recipes.demo.text_corpus import MAX_WORDS, MIN_WORDS, _clean, _pieces
-from recipes.demo.train_draft import draft_from_target
+from recipes.demo.train_draft import DraftShape, distill, draft_from_target, narrow_draft
 from recipes.demo.train_lm import ModelSize, TrainConfig
 
 VOCAB = DemoVocab(phonemes=tuple(f"p{i}" for i in range(10)), codebook_size=32)
@@ -102,6 +102,49 @@ def test_draft_is_the_targets_first_layer_with_shared_head():
     assert set(d) <= set(t)
     assert all(torch.equal(d[k], t[k]) for k in d)
     assert "model.layers.0.self_attn.q_proj.weight" in d and "model.layers.1.self_attn.q_proj.weight" not in d
+
+
+def test_draft_shape_parses_and_rejects():
+    assert DraftShape.parse("same") == DraftShape(hidden=None)
+    assert DraftShape.parse("1x128") == DraftShape(1, 128)
+    assert DraftShape.parse("2x96x3x256") == DraftShape(2, 96, 3, 256)
+    with pytest.raises(ValueError, match="draft shape"):
+        DraftShape.parse("1x2x3")
+
+
+def test_narrow_draft_projects_embeddings_and_head_onto_the_targets_top_directions():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(ModelSize(layers=2, hidden=32, heads=2, intermediate=64).config(VOCAB.vocab_size))
+    draft = narrow_draft(target, DraftShape(1, 16, 2, 40))
+    cfg = draft.config
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.intermediate_size) == (16, 1, 8, 40)
+    emb = target.model.embed_tokens.weight.detach()
+    head = (target.lm_head.weight * target.model.norm.weight).detach()
+    basis = torch.linalg.svd(torch.cat([emb, head]), full_matrices=False).Vh[:16].T  # [32, 16]
+    # the projection keeps token geometry in the top directions: Gram matrices agree there
+    assert torch.allclose(draft.model.embed_tokens.weight @ draft.model.embed_tokens.weight.T,
+                          (emb @ basis) @ (emb @ basis).T, atol=1e-5)
+    assert torch.allclose(draft.lm_head.weight, head @ basis, atol=1e-6)
+    assert draft(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, VOCAB.vocab_size)
+
+
+def test_distill_stops_on_its_time_budget_and_resumes(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(ModelSize(layers=2, hidden=32, heads=2, intermediate=64).config(VOCAB.vocab_size))
+    shape = DraftShape(1, 16, 2, 40)
+    stopped = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4, time_budget_min=0)
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert state["step"] == 0 and stopped.config.hidden_size == 16
+    done = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4)
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert state["step"] == 6 and len(state["history"]) == 6
+    again = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4)  # nothing left to do
+    assert all(torch.equal(a, b) for a, b in zip(done.state_dict().values(), again.state_dict().values(),
+                                                 strict=True))
 
 
 def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():

@@ -1,0 +1,208 @@
+"""Embedding ASGs vs acoustic ASGs: the paper's swap test and real PCG decoding, side by side.
+
+Held-out sentences (the model card's eval sentences, preset voices in turn) x seeds, T=0.8:
+
+1. target-only decoding: WER (Whisper tiny.en) and speaker similarity (resemblyzer, to the preset voice's
+   clip) of its audio, the baseline;
+2. the swap test (PCG paper, Table 2): every code of the target-only output replaced by a random member of
+   its seed group G(t); ΔWER and Δ similarity against the unswapped audio, and the share of codes changed;
+3. PCG decoding with each table (one engine, the table chosen per request), plus exact speculative
+   decoding: accepted/drafted, tokens per verify step, tokens/s in this run, WER and similarity.
+
+Tables: target input-embedding groups (`emb:θ`, cosine) and codec-centroid groups (`mel:f`, L2 radius f x
+the mean distance between centroids), built in a temporary directory from the bundle.
+
+    pcgtts bench groups [--sentences 20] [--seeds 0 1 2] [--tables emb:0.55 mel:0.4 ...] [--out bench/results]
+
+Writes OUT/groups.json. Needs the `eval` extra and recipes/demo/requirements-eval.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asg_tables import build_asg
+from asg_tables.embeddings import read_embedding_rows
+from engine import Engine, EngineConfig, SamplingParams
+from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+
+GAMMA = 3
+DEFAULT_TABLES = ("emb:0.55", "emb:0.45", "emb:0.4", "mel:0.35", "mel:0.4", "mel:0.45", "mel:0.5")
+
+
+def build_table(spec: str, bundle: ModelBundle, vocab, centroids: torch.Tensor, path: Path):
+    """`emb:θ` (cosine over the target's input-embedding rows) or `mel:f` (L2 <= f x mean centroid
+    distance over the codec's centroids)."""
+    kind, value = spec.split(":")
+    value = float(value)
+    if kind == "emb":
+        rows, meta = read_embedding_rows(bundle.target_dir, vocab.code_offset, vocab.codebook_size)
+        table = build_asg(rows, value, offset=vocab.code_offset, vocab_size=vocab.vocab_size, progress=False,
+                          meta=meta)
+    elif kind == "mel":
+        dist = torch.cdist(centroids, centroids)
+        mean = float(dist[~torch.eye(len(dist), dtype=torch.bool)].mean())
+        table = build_asg(centroids, value * mean, offset=vocab.code_offset, vocab_size=vocab.vocab_size,
+                          progress=False, metric="l2", meta={"radius_fraction": value})
+    else:
+        raise ValueError(f"table spec {spec!r}: want emb:THETA or mel:FRACTION")
+    table.save(path)
+    return table
+
+
+def swap_codes(tokens: list[int], table, rng: np.random.Generator) -> tuple[list[int], int]:
+    """Each token replaced by a uniform member of its seed group (singletons stay); returns (tokens,
+    number changed)."""
+    out, changed = [], 0
+    for t in tokens:
+        members = table.members(int(table.seed_group[t]))
+        new = int(members[rng.integers(len(members))])
+        out.append(new)
+        changed += new != t
+    return out, changed
+
+
+class Scorer:
+    def __init__(self, family, codec, texts_of: list[str], voice_of: list[str], voices_dir: Path):
+        from recipes.demo.eval_tools import SpeakerEncoder, Transcriber
+
+        self.family, self.codec = family, codec
+        self.transcriber, self.speaker = Transcriber(threads=1), SpeakerEncoder()
+        self.texts, self.voice_of = texts_of, voice_of
+        import soundfile
+
+        self.voice_emb = {}
+        for name in set(voice_of):
+            wav, sr = soundfile.read(voices_dir / f"{name}.wav", dtype="float32")
+            self.voice_emb[name] = self.speaker(wav)
+
+    def __call__(self, outputs: list[list[int]]) -> dict:
+        from recipes.demo.eval_tools import corpus_wer
+
+        hyps, sims = [], []
+        for tokens, name in zip(outputs, self.voice_of, strict=True):
+            audio = self.codec.decode(self.family.tokens_to_codes(tokens))
+            if len(audio) < 1600:
+                hyps.append("")
+                continue
+            hyps.append(self.transcriber(audio))
+            sims.append(float(self.speaker(audio) @ self.voice_emb[name]))
+        return {"wer": corpus_wer(self.texts, hyps), "speaker_similarity": float(np.mean(sims)),
+                "examples": hyps[:2]}
+
+
+def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
+        temperature: float, max_tokens: int, decode: bool) -> dict:
+    from recipes.demo.eval_codec import eval_sentences
+
+    torch.set_num_threads(1)
+    bundle = ModelBundle.from_dir(model_dir)
+    family, codec = bundle.load_family(), bundle.load_codec()
+    vocab, centroids = family.vocab, codec.codebook
+    names = sorted(family.voices)
+    texts = [t for t, _ in eval_sentences(sentences)]
+    items = [(seed, k, text, names[k % len(names)]) for seed in seeds for k, text in enumerate(texts)]
+    prompts = [family.build_prompt(text, family.voices[name]) for _, _, text, name in items]
+
+    def params(**kw) -> list[SamplingParams]:
+        return [SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                               stop_token_ids=p.stop_token_ids, seed=seed * 100003 + k,
+                               constraint=p.constraint, **kw)
+                for (seed, k, _, _), p in zip(items, prompts, strict=True)]
+
+    scorer = Scorer(family, codec, [t for _, _, t, _ in items], [n for *_, n in items],
+                    bundle.root / "voices")
+    report: dict = {"model": str(model_dir), "gamma": GAMMA, "temperature": temperature,
+                    "sentences": sentences, "seeds": seeds,
+                    "machine": platform.processor() or platform.machine(),
+                    "threads": torch.get_num_threads(), "tables": {}, "decoding": {}}
+
+    def timed(engine: Engine, kw: dict) -> tuple[list, dict]:
+        start = time.perf_counter()
+        gens = engine.generate([p.token_ids for p in prompts], params(**kw))
+        wall = time.perf_counter() - start
+        tokens = sum(len(g.token_ids) for g in gens)
+        drafted, accepted = sum(g.num_drafted for g in gens), sum(g.num_accepted for g in gens)
+        steps = sum(g.num_steps for g in gens)
+        return gens, {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
+                      "accepted_over_drafted": accepted / drafted if drafted else None,
+                      "tokens_per_verify_step": tokens / steps if steps else None}
+
+    target_only = Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0))
+    gens, stats = timed(target_only, {})
+    baseline = [g.token_ids for g in gens]
+    report["decoding"]["target-only"] = stats | scorer(baseline)
+    print(f"[groups] target-only {report['decoding']['target-only']}", flush=True)
+    del target_only
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for spec in tables:
+            paths[spec] = Path(tmp) / f"{spec.replace(':', '-')}.safetensors"
+            table = build_table(spec, bundle, vocab, centroids, paths[spec])
+            sizes = table.group_sizes()[table.seed_group[vocab.code_offset:vocab.vocab_size].long()].double()
+            rng = np.random.default_rng(0)
+            swapped, changed, total = [], 0, 0
+            for tokens in baseline:
+                new, n = swap_codes(tokens, table, rng)
+                swapped.append(new)
+                changed += n
+                total += sum(vocab.code_offset <= t < vocab.vocab_size for t in tokens)
+            row = {"mean_seed_group": float(sizes.mean()), "swapped_share": changed / total} | scorer(swapped)
+            row["delta_wer"] = row["wer"] - report["decoding"]["target-only"]["wer"]
+            row["delta_similarity"] = (row["speaker_similarity"]
+                                       - report["decoding"]["target-only"]["speaker_similarity"])
+            report["tables"][spec] = {"swap_test": row}
+            print(f"[groups] swap {spec}: {row}", flush=True)
+        if decode:
+            engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
+                                         num_speculative_tokens=GAMMA, asg_table=paths[tables[0]],
+                                         extra_asg_tables={s: p for s, p in paths.items()}))
+            runs = [("exact", {"acceptance": "exact"})]
+            runs += [(f"pcg {s}", {"acceptance": "pcg", "asg_table": s}) for s in tables]
+            for label, kw in runs:
+                gens, stats = timed(engine, kw)
+                row = stats | scorer([g.token_ids for g in gens])
+                row["delta_wer"] = row["wer"] - report["decoding"]["target-only"]["wer"]
+                row["delta_similarity"] = (row["speaker_similarity"]
+                                           - report["decoding"]["target-only"]["speaker_similarity"])
+                report["decoding"][label] = row
+                print(f"[groups] {label}: {row}", flush=True)
+    base = report["decoding"]["target-only"]["tokens_per_s"]
+    for row in report["decoding"].values():
+        row["speedup_this_run"] = row["tokens_per_s"] / base
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "groups.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
+    parser.add_argument("--sentences", type=int, default=20)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--tables", nargs="+", default=list(DEFAULT_TABLES),
+                        help="emb:THETA (target embeddings, cosine) or mel:FRACTION (codec centroids, L2)")
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--max-tokens", type=int, default=700)
+    parser.add_argument("--no-decode", action="store_true", help="swap test only, no PCG decoding runs")
+
+
+def main(args: argparse.Namespace) -> int:
+    report = run(args.model, args.out, args.sentences, args.seeds, args.tables, args.temperature,
+                 args.max_tokens, decode=not args.no_decode)
+    for label, row in report["decoding"].items():
+        print(f"{label:>16}: {row['speedup_this_run']:.2f}x tok/verify {row['tokens_per_verify_step']} "
+              f"WER {row['wer']:.3f} sim {row['speaker_similarity']:.3f}")
+    for spec, row in report["tables"].items():
+        sw = row["swap_test"]
+        print(f"{spec:>10}: |G| {sw['mean_seed_group']:.1f} swapped {sw['swapped_share']:.2f} "
+              f"ΔWER {sw['delta_wer']:+.3f} Δsim {sw['delta_similarity']:+.3f}")
+    return 0
