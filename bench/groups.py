@@ -4,15 +4,19 @@ Held-out sentences (the model card's eval sentences, preset voices in turn) x se
 
 1. target-only decoding: WER (Whisper tiny.en) and speaker similarity (resemblyzer, to the preset voice's
    clip) of its audio, the baseline;
-2. the swap test (PCG paper, Table 2): every code of the target-only output replaced by a random member of
-   its seed group G(t); ΔWER and Δ similarity against the unswapped audio, and the share of codes changed;
-3. PCG decoding with each table (one engine, the table chosen per request), plus exact speculative
-   decoding: accepted/drafted, tokens per verify step, tokens/s in this run, WER and similarity.
+2. the swap test (PCG paper, Table 2), on the outputs of `--swap-seeds`: every code of the target-only
+   output replaced by a random member of its seed group G(t); ΔWER and Δ similarity against the same
+   unswapped outputs, and the share of codes changed;
+3. PCG decoding with each of `--decode-tables` (one engine, the table chosen per request), on every seed:
+   accepted/drafted, tokens per verify step, tokens/s, WER and similarity, Δ against target-only.
+
+Rows are saved as they are measured; a rerun with the same settings keeps them and measures the rest.
 
 Tables: target input-embedding groups (`emb:θ`, cosine) and codec-centroid groups (`mel:f`, L2 radius f x
 the mean distance between centroids), built in a temporary directory from the bundle.
 
-    pcgtts bench groups [--sentences 20] [--seeds 0 1 2] [--tables emb:0.55 mel:0.4 ...] [--out bench/results]
+    pcgtts bench groups [--sentences 20] [--seeds 0 1 2] [--swap-seeds 0] [--tables emb:0.55 mel:0.4 ...]
+        [--decode-tables emb:0.55 mel:0.4] [--out bench/results]
 
 Writes OUT/groups.json. Needs the `eval` extra and recipes/demo/requirements-eval.txt.
 """
@@ -35,7 +39,8 @@ from engine import Engine, EngineConfig, SamplingParams
 from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 GAMMA = 3
-DEFAULT_TABLES = ("emb:0.55", "emb:0.45", "emb:0.4", "mel:0.35", "mel:0.4", "mel:0.45", "mel:0.5")
+DEFAULT_TABLES = ("emb:0.55", "emb:0.4", "mel:0.4", "mel:0.5")
+DEFAULT_DECODE_TABLES = ("emb:0.55", "mel:0.4", "mel:0.5")
 
 
 def build_table(spec: str, bundle: ModelBundle, vocab, centroids: torch.Tensor, path: Path):
@@ -84,23 +89,36 @@ class Scorer:
             wav, sr = soundfile.read(voices_dir / f"{name}.wav", dtype="float32")
             self.voice_emb[name] = self.speaker(wav)
 
-    def __call__(self, outputs: list[list[int]]) -> dict:
-        from recipes.demo.eval_tools import corpus_wer
+    def __call__(self, outputs: list[list[int]], rows: list[int] | None = None) -> dict:
+        """Scores outputs of the items `rows` (default all, in order); per-item results are kept so that
+        a subset can be compared with the same subset of another run."""
+        from recipes.demo.eval_tools import word_errors
 
-        hyps, sims = [], []
-        for tokens, name in zip(outputs, self.voice_of, strict=True):
+        rows = list(range(len(outputs))) if rows is None else rows
+        errors, words, sims, hyps = [], [], [], []
+        for tokens, i in zip(outputs, rows, strict=True):
             audio = self.codec.decode(self.family.tokens_to_codes(tokens))
-            if len(audio) < 1600:
-                hyps.append("")
-                continue
-            hyps.append(self.transcriber(audio))
-            sims.append(float(self.speaker(audio) @ self.voice_emb[name]))
-        return {"wer": corpus_wer(self.texts, hyps), "speaker_similarity": float(np.mean(sims)),
-                "examples": hyps[:2]}
+            hyp = self.transcriber(audio) if len(audio) >= 1600 else ""
+            e, n = word_errors(self.texts[i], hyp)
+            errors.append(e)
+            words.append(n)
+            sims.append(float(self.speaker(audio) @ self.voice_emb[self.voice_of[i]]) if hyp else 0.0)
+            hyps.append(hyp)
+        return {"wer": sum(errors) / max(1, sum(words)), "speaker_similarity": float(np.mean(sims)),
+                "rows": rows, "errors": errors, "words": words, "similarities": sims, "examples": hyps[:2]}
+
+
+def subset(scored: dict, rows: list[int]) -> dict:
+    """WER and similarity of a scored run restricted to `rows`."""
+    at = {r: k for k, r in enumerate(scored["rows"])}
+    errors = sum(scored["errors"][at[r]] for r in rows)
+    words = sum(scored["words"][at[r]] for r in rows)
+    return {"wer": errors / max(1, words),
+            "speaker_similarity": float(np.mean([scored["similarities"][at[r]] for r in rows]))}
 
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
-        temperature: float, max_tokens: int, decode: bool) -> dict:
+        temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int]) -> dict:
     from recipes.demo.eval_codec import eval_sentences
 
     torch.set_num_threads(1)
@@ -120,10 +138,19 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
 
     scorer = Scorer(family, codec, [t for _, _, t, _ in items], [n for *_, n in items],
                     bundle.root / "voices")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / "groups.json"
     report: dict = {"model": str(model_dir), "gamma": GAMMA, "temperature": temperature,
-                    "sentences": sentences, "seeds": seeds,
+                    "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
                     "machine": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads(), "tables": {}, "decoding": {}}
+    if out.exists():  # resume: rows already measured with the same settings are kept
+        old = json.loads(out.read_text())
+        if all(old.get(k) == report[k] for k in ("model", "temperature", "sentences", "seeds", "swap_seeds")):
+            report["tables"], report["decoding"] = old["tables"], old["decoding"]
+
+    def save() -> None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
 
     def timed(engine: Engine, kw: dict) -> tuple[list, dict]:
         start = time.perf_counter()
@@ -136,50 +163,58 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                       "accepted_over_drafted": accepted / drafted if drafted else None,
                       "tokens_per_verify_step": tokens / steps if steps else None}
 
-    target_only = Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0))
-    gens, stats = timed(target_only, {})
-    baseline = [g.token_ids for g in gens]
-    report["decoding"]["target-only"] = stats | scorer(baseline)
-    print(f"[groups] target-only {report['decoding']['target-only']}", flush=True)
-    del target_only
+    base_gens, stats = timed(Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0)), {})
+    baseline = [g.token_ids for g in base_gens]
+    if "target-only" not in report["decoding"]:
+        report["decoding"]["target-only"] = stats | scorer(baseline)
+        save()
+    base = report["decoding"]["target-only"]
+    print(f"[groups] target-only WER {base['wer']:.3f} sim {base['speaker_similarity']:.3f}", flush=True)
+    swap_rows = [k for k, (seed, *_) in enumerate(items) if seed in swap_seeds]
+
+    def deltas(row: dict) -> dict:
+        ref = subset(base, row["rows"])
+        return {"delta_wer": row["wer"] - ref["wer"],
+                "delta_similarity": row["speaker_similarity"] - ref["speaker_similarity"]}
+
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
-        for spec in tables:
+        for spec in dict.fromkeys([*tables, *decode_tables]):
             paths[spec] = Path(tmp) / f"{spec.replace(':', '-')}.safetensors"
             table = build_table(spec, bundle, vocab, centroids, paths[spec])
+            if spec not in tables or spec in report["tables"]:
+                continue
             sizes = table.group_sizes()[table.seed_group[vocab.code_offset:vocab.vocab_size].long()].double()
             rng = np.random.default_rng(0)
             swapped, changed, total = [], 0, 0
-            for tokens in baseline:
-                new, n = swap_codes(tokens, table, rng)
+            for k in swap_rows:
+                new, n = swap_codes(baseline[k], table, rng)
                 swapped.append(new)
                 changed += n
-                total += sum(vocab.code_offset <= t < vocab.vocab_size for t in tokens)
-            row = {"mean_seed_group": float(sizes.mean()), "swapped_share": changed / total} | scorer(swapped)
-            row["delta_wer"] = row["wer"] - report["decoding"]["target-only"]["wer"]
-            row["delta_similarity"] = (row["speaker_similarity"]
-                                       - report["decoding"]["target-only"]["speaker_similarity"])
-            report["tables"][spec] = {"swap_test": row}
-            print(f"[groups] swap {spec}: {row}", flush=True)
-        if decode:
+                total += sum(vocab.code_offset <= t < vocab.vocab_size for t in baseline[k])
+            row = {"mean_seed_group": float(sizes.mean()), "swapped_share": changed / total}
+            row |= scorer(swapped, swap_rows)
+            report["tables"][spec] = {"swap_test": row | deltas(row)}
+            save()
+            print(f"[groups] swap {spec}: |G| {row['mean_seed_group']:.1f} "
+                  f"swapped {row['swapped_share']:.2f} {deltas(row)}", flush=True)
+        if decode_tables:
             engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
-                                         num_speculative_tokens=GAMMA, asg_table=paths[tables[0]],
-                                         extra_asg_tables={s: p for s, p in paths.items()}))
-            runs = [("exact", {"acceptance": "exact"})]
-            runs += [(f"pcg {s}", {"acceptance": "pcg", "asg_table": s}) for s in tables]
+                                         num_speculative_tokens=GAMMA, asg_table=paths[decode_tables[0]],
+                                         extra_asg_tables={s: paths[s] for s in decode_tables}))
+            runs = [(f"pcg {s}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
             for label, kw in runs:
+                if label in report["decoding"]:
+                    continue
                 gens, stats = timed(engine, kw)
                 row = stats | scorer([g.token_ids for g in gens])
-                row["delta_wer"] = row["wer"] - report["decoding"]["target-only"]["wer"]
-                row["delta_similarity"] = (row["speaker_similarity"]
-                                           - report["decoding"]["target-only"]["speaker_similarity"])
-                report["decoding"][label] = row
-                print(f"[groups] {label}: {row}", flush=True)
-    base = report["decoding"]["target-only"]["tokens_per_s"]
-    for row in report["decoding"].values():
-        row["speedup_this_run"] = row["tokens_per_s"] / base
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "groups.json").write_text(json.dumps(report, indent=1) + "\n")
+                report["decoding"][label] = row | deltas(row)
+                save()
+                print(f"[groups] {label}: tok/verify {stats['tokens_per_verify_step']:.2f} {deltas(row)}",
+                      flush=True)
+    for row in report["decoding"].values():  # noisy: each row's speed is from its own (resumed) run
+        row["speedup_this_run"] = row["tokens_per_s"] / base["tokens_per_s"]
+    save()
     return report
 
 
@@ -189,17 +224,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sentences", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tables", nargs="+", default=list(DEFAULT_TABLES),
-                        help="emb:THETA (target embeddings, cosine) or mel:FRACTION (codec centroids, L2)")
+                        help="swap-test tables: emb:THETA (target embeddings, cosine) or mel:FRACTION (codec "
+                             "centroids, L2 <= FRACTION x mean distance)")
+    parser.add_argument("--decode-tables", nargs="*", default=list(DEFAULT_DECODE_TABLES),
+                        help="tables to decode with (PCG), on every seed")
+    parser.add_argument("--swap-seeds", type=int, nargs="+", default=[0],
+                        help="seeds whose target-only outputs the swap test uses")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-tokens", type=int, default=700)
-    parser.add_argument("--no-decode", action="store_true", help="swap test only, no PCG decoding runs")
 
 
 def main(args: argparse.Namespace) -> int:
     report = run(args.model, args.out, args.sentences, args.seeds, args.tables, args.temperature,
-                 args.max_tokens, decode=not args.no_decode)
+                 args.max_tokens, args.decode_tables, args.swap_seeds)
     for label, row in report["decoding"].items():
-        print(f"{label:>16}: {row['speedup_this_run']:.2f}x tok/verify {row['tokens_per_verify_step']} "
+        print(f"{label:>16}: {row['speedup_this_run']:.2f}x tok/verify {row['tokens_per_verify_step']:.2f} "
               f"WER {row['wer']:.3f} sim {row['speaker_similarity']:.3f}")
     for spec, row in report["tables"].items():
         sw = row["swap_test"]

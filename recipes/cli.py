@@ -42,6 +42,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--draft-minutes", type=float, default=None,
                       help="time budget for the draft's distillation: the schedule shortens to fit "
                            "(resumable)")
+    demo.add_argument("--draft-init", type=Path, default=None,
+                      help="start the draft from this wider draft (e.g. models/demo-en/draft), projected to "
+                           "--draft-shape's width, instead of from the target")
+    demo.add_argument("--draft-lr", type=float, default=defaults.draft_lr, help="draft peak learning rate")
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
 
@@ -63,6 +67,7 @@ def run_demo(args: argparse.Namespace) -> int:
                        num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
                        train_minutes=args.train_minutes, phases=phases, draft_steps=args.draft_steps,
                        draft_shape=args.draft_shape, draft_minutes=args.draft_minutes,
+                       draft_init=args.draft_init, draft_lr=args.draft_lr,
                        threads=args.threads)
     run(cfg, args.stages or STAGES)
     return 0

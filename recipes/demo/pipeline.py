@@ -57,6 +57,8 @@ class RecipeConfig:
     draft_steps: int = 2400
     draft_shape: str = "1x128"  # recipes/demo/train_draft.py DraftShape.parse: "same" = the target's width
     draft_minutes: float | None = None  # time budget for the draft's distillation (resumable)
+    draft_init: Path | None = None  # a wider draft of the same target to project and fine-tune from
+    draft_lr: float = 6e-3
     duration_steps: int = 2500
     workers: int = 2
     threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
@@ -175,9 +177,10 @@ def stage_draft(cfg: RecipeConfig) -> None:
         torch.set_num_threads(cfg.threads)
     data = load_data(cfg.run_dir)
     target = LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
+    init = LlamaForCausalLM.from_pretrained(cfg.draft_init, dtype=torch.float32) if cfg.draft_init else None
     draft = distill(target, data["vocab"], data["train"], cfg.run_dir / "draft", steps=cfg.draft_steps,
-                    shape=DraftShape.parse(cfg.draft_shape), seed=cfg.seed + 1,
-                    time_budget_min=cfg.draft_minutes)
+                    shape=DraftShape.parse(cfg.draft_shape), lr=cfg.draft_lr, seed=cfg.seed + 1,
+                    time_budget_min=cfg.draft_minutes, init_from=init)
     alpha = held_out_acceptance(target, draft, data["vocab"], data["val"])
     print(f"[draft] held-out per-token acceptance (exact, T=0.8, teacher-forced): {alpha:.3f}", flush=True)
     (cfg.run_dir / "draft" / "acceptance.json").write_text(json.dumps({"held_out_per_token_alpha": alpha}))

@@ -81,6 +81,40 @@ def narrow_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> 
     return draft
 
 
+@torch.no_grad()
+def project_draft(source: LlamaForCausalLM, hidden: int, input_ids: torch.Tensor) -> LlamaForCausalLM:
+    """A `hidden`-wide copy of a wider draft: its residual stream confined to the top `hidden` principal
+    directions P [D, d] of the source's residual states on `input_ids` [B, L] (uncentred), every weight
+    re-expressed there. Readers of the stream (q/k/v, gate/up, head) become W diag(g) P x s and writers
+    (o, down) Pᵀ W, with the RMSNorm gains g folded in and set to 1; s = sqrt(D/d) x the captured norm share
+    keeps RMSNorm's scale, since RMS over d of Pᵀh differs from RMS over D of h. Heads, head size and FFN
+    stay the source's, so the copy starts close to the source's distributions and fine-tunes from there."""
+    states = source(input_ids=input_ids, output_hidden_states=True).hidden_states  # (L+1) x [B, T, D]
+    flat = torch.cat([h.reshape(-1, h.shape[-1]) for h in states]).float()  # [N, D]
+    basis = torch.linalg.svd(flat, full_matrices=False).Vh[:hidden].T  # [D, d]
+    share = float((flat @ basis).norm() / flat.norm())  # root of the captured energy (pad rows are zero)
+    scale = (source.config.hidden_size / hidden) ** 0.5 * share
+    cfg = source.config.__class__(**source.config.to_dict())
+    head_dim = source.config.head_dim or source.config.hidden_size // cfg.num_attention_heads
+    cfg.hidden_size, cfg.head_dim = hidden, head_dim
+    draft = LlamaForCausalLM(cfg)
+    src, dst = source.model, draft.model
+    dst.embed_tokens.weight.copy_(src.embed_tokens.weight @ basis)
+    for a, b in zip(src.layers, dst.layers, strict=True):
+        g1, g2 = a.input_layernorm.weight[:, None], a.post_attention_layernorm.weight[:, None]
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(b.self_attn, name).weight.copy_(getattr(a.self_attn, name).weight @ (g1 * basis) * scale)
+        b.self_attn.o_proj.weight.copy_(basis.T @ a.self_attn.o_proj.weight)
+        for name in ("gate_proj", "up_proj"):
+            getattr(b.mlp, name).weight.copy_(getattr(a.mlp, name).weight @ (g2 * basis) * scale)
+        b.mlp.down_proj.weight.copy_(basis.T @ a.mlp.down_proj.weight)
+        b.input_layernorm.weight.fill_(1.0)
+        b.post_attention_layernorm.weight.fill_(1.0)
+    draft.lm_head.weight.copy_(source.lm_head.weight @ (src.norm.weight[:, None] * basis) * scale)
+    dst.norm.weight.fill_(1.0)
+    return draft
+
+
 def make_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> LlamaForCausalLM:
     if shape.hidden is None:
         return draft_from_target(target, shape.layers)
@@ -89,13 +123,20 @@ def make_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> Ll
 
 def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *,
             shape: DraftShape = DraftShape(), steps: int = 400, batch_size: int = 12, lr: float = 6e-3,
-            seed: int = 1, time_budget_min: float | None = None) -> LlamaForCausalLM:
+            seed: int = 1, time_budget_min: float | None = None,
+            init_from: LlamaForCausalLM | None = None) -> LlamaForCausalLM:
+    """init_from: a wider draft of the same target to start from, projected to `shape.hidden`
+    (`project_draft`; its own heads and FFN are kept), instead of `make_draft`'s initialisation."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     target.eval()
-    draft = make_draft(target, shape, seed).train()
-    optim = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     plan = BatchPlan(utts, batch_size, seed)  # a different order from the target's (seed differs)
+    if init_from is not None:
+        probe = make_batch(vocab, utts, BatchPlan(utts, batch_size, seed + 7), 0)["input_ids"]
+        draft = project_draft(init_from.float().eval(), shape.hidden, probe).train()
+    else:
+        draft = make_draft(target, shape, seed).train()
+    optim = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     history, first, spent = [], 0, 0.0
     ckpt_path = out_dir / "ckpt.pt"
     if ckpt_path.exists():

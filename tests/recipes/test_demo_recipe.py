@@ -9,7 +9,7 @@ import torch
 from engine.speech.demo.layout import END, SPEECH, DemoVocab, prompt_tokens
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, example, make_batch
 from recipes.demo.text_corpus import MAX_WORDS, MIN_WORDS, _clean, _pieces
-from recipes.demo.train_draft import DraftShape, distill, draft_from_target, narrow_draft
+from recipes.demo.train_draft import DraftShape, distill, draft_from_target, narrow_draft, project_draft
 from recipes.demo.train_lm import ModelSize, TrainConfig
 
 VOCAB = DemoVocab(phonemes=tuple(f"p{i}" for i in range(10)), codebook_size=32)
@@ -104,6 +104,37 @@ def test_draft_is_the_targets_first_layer_with_shared_head():
     assert "model.layers.0.self_attn.q_proj.weight" in d and "model.layers.1.self_attn.q_proj.weight" not in d
 
 
+SMALL = ModelSize(layers=2, hidden=32, heads=2, intermediate=64)
+
+
+def test_projected_draft_at_full_width_is_the_source_and_narrower_stays_close():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    one_layer = ModelSize(layers=1, hidden=32, heads=2, intermediate=64)
+    source = LlamaForCausalLM(one_layer.config(VOCAB.vocab_size))
+    with torch.no_grad():  # RMSNorm gains away from 1, so folding them in is tested
+        for layer in source.model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+            layer.post_attention_layernorm.weight.uniform_(0.5, 1.5)
+        source.model.norm.weight.uniform_(0.5, 1.5)
+    ids = torch.randint(0, VOCAB.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1))
+    same = project_draft(source, 32, ids)  # a full basis: a rotation of the residual stream
+    assert same.config.hidden_size == 32 and same.config.head_dim == 16
+    with torch.no_grad():
+        ref = source(ids).logits
+        assert torch.allclose(same(ids).logits, ref, atol=1e-4)
+        narrow = project_draft(source, 24, ids)
+        assert narrow.config.hidden_size == 24 and narrow.config.num_attention_heads == 2
+        assert narrow.config.head_dim == 16 and narrow.config.intermediate_size == 64
+        kl_narrow = torch.nn.functional.kl_div(narrow(ids).logits.log_softmax(-1), ref.log_softmax(-1),
+                                               log_target=True, reduction="batchmean")
+        fresh = narrow_draft(source, DraftShape(1, 24, 2, 64))
+        kl_fresh = torch.nn.functional.kl_div(fresh(ids).logits.log_softmax(-1), ref.log_softmax(-1),
+                                              log_target=True, reduction="batchmean")
+    assert kl_narrow < kl_fresh
+
+
 def test_draft_shape_parses_and_rejects():
     assert DraftShape.parse("same") == DraftShape(hidden=None)
     assert DraftShape.parse("1x128") == DraftShape(1, 128)
@@ -116,7 +147,7 @@ def test_narrow_draft_projects_embeddings_and_head_onto_the_targets_top_directio
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    target = LlamaForCausalLM(ModelSize(layers=2, hidden=32, heads=2, intermediate=64).config(VOCAB.vocab_size))
+    target = LlamaForCausalLM(SMALL.config(VOCAB.vocab_size))
     draft = narrow_draft(target, DraftShape(1, 16, 2, 40))
     cfg = draft.config
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.intermediate_size) == (16, 1, 8, 40)
@@ -134,7 +165,7 @@ def test_distill_stops_on_its_time_budget_and_resumes(tmp_path):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    target = LlamaForCausalLM(ModelSize(layers=2, hidden=32, heads=2, intermediate=64).config(VOCAB.vocab_size))
+    target = LlamaForCausalLM(SMALL.config(VOCAB.vocab_size))
     shape = DraftShape(1, 16, 2, 40)
     stopped = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4, time_budget_min=0)
     state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
@@ -142,7 +173,7 @@ def test_distill_stops_on_its_time_budget_and_resumes(tmp_path):
     done = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4)
     state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
     assert state["step"] == 6 and len(state["history"]) == 6
-    again = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4)  # nothing left to do
+    again = distill(target, VOCAB, _utts(), tmp_path, shape=shape, steps=6, batch_size=4)  # nothing left
     assert all(torch.equal(a, b) for a, b in zip(done.state_dict().values(), again.state_dict().values(),
                                                  strict=True))
 
