@@ -13,6 +13,7 @@ BENCHMARKS = {
     "load": ("bench.load_test", "server load test: time to first audio, real-time factor"),
     "verify": ("bench.verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
     "rejections": ("bench.rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
+    "draft-cost": ("bench.draft_cost", "c = draft / target per-token cost, drafts side by side"),
     "groups": ("bench.groups", "ASGs: swap test and PCG decoding, WER and similarity"),
 }
 

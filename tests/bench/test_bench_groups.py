@@ -14,8 +14,8 @@ from server_support import build_tiny_bundle
 from asg_tables import ASGTable, build_asg
 from bench.acceptance_sweep import BUNDLE_TABLE, TableCache, default_specs
 from bench.groups import swap_codes
-from engine.bundle import ModelBundle
 from pcgtts.cli import main as pcgtts_main
+from tts.bundle import ModelBundle
 
 
 @pytest.fixture(scope="module")
