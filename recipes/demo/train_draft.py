@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +173,11 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
         step = steps
     save_checkpoint(ckpt_path, draft, optim, history, step, time.time() - start)
     (out_dir / "history.json").write_text(json.dumps(history))
-    size = asdict(shape) | {"hidden": shape.hidden or target.config.hidden_size}
-    (out_dir / "size.json").write_text(json.dumps(size | {"from": "target", "steps": step}))
+    cfg = draft.config
+    size = {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
+            "head_dim": cfg.head_dim, "intermediate": cfg.intermediate_size}
+    source = "target" if init_from is None else "a wider draft, projected"
+    (out_dir / "size.json").write_text(json.dumps(size | {"from": source, "steps": step}))
     return draft.eval()
 
 
