@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from bench.rejections import shown_path
 from engine import Engine, EngineConfig, SamplingParams
 from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -37,7 +38,7 @@ def run(model_dir: Path, drafts: list[Path], reps: int, tokens: int, out_dir: Pa
     family = bundle.load_family()
     prompt = family.build_prompt("The little boat drifted slowly toward the northern shore.",
                                  family.voices[sorted(family.voices)[0]]).token_ids
-    models = {"target": bundle.target_dir} | {str(d): d for d in drafts}
+    models = {"target": bundle.target_dir} | {shown_path(d): d for d in drafts}
     engines = {name: Engine(EngineConfig(target=path, num_speculative_tokens=0))
                for name, path in models.items()}
     times: dict[str, list[float]] = {name: [] for name in engines}
@@ -47,7 +48,8 @@ def run(model_dir: Path, drafts: list[Path], reps: int, tokens: int, out_dir: Pa
         for name, engine in engines.items():
             times[name].append(per_token_ms(engine, prompt, tokens, rep))
     med = {name: statistics.median(v) for name, v in times.items()}
-    report = {"model": str(model_dir), "tokens": tokens, "reps": reps, "threads": torch.get_num_threads(),
+    report = {"model": shown_path(model_dir), "tokens": tokens, "reps": reps,
+              "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(), "ms_per_token": med,
               "c": {name: med[name] / med["target"] for name in med if name != "target"},
               "configs": {name: json.loads((Path(path) / "config.json").read_text()) for name, path in

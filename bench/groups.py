@@ -35,6 +35,7 @@ import torch
 
 from asg_tables import build_asg
 from asg_tables.embeddings import read_embedding_rows
+from bench.rejections import shown_path
 from engine import Engine, EngineConfig, SamplingParams
 from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -140,7 +141,7 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                     bundle.root / "voices")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "groups.json"
-    report: dict = {"model": str(model_dir), "gamma": GAMMA, "temperature": temperature,
+    report: dict = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
                     "machine": platform.processor() or platform.machine(),
                     "threads": torch.get_num_threads(), "tables": {}, "decoding": {}}

@@ -115,6 +115,15 @@ def vocab_end(vocab) -> int:
     return SPECIAL_NAMES.index("<end>")
 
 
+def shown_path(path: Path) -> str:
+    """A path as results files show it: relative to the working directory, else its name (no machine
+    paths in results)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return Path(path).name
+
+
 def rate(num: int, den: int) -> float | None:
     return num / den if den else None
 
@@ -238,7 +247,8 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], temper
     texts = (SENTENCES * 4)[:sentences]
     rec, _, engine_run = record_exact(bundle, texts, seeds, temperature, max_tokens)
     table = ASGTable.load(bundle.asg_table)
-    report = {"model": str(model_dir), "gamma": GAMMA, "temperature": temperature, "sentences": len(texts),
+    report = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
+              "sentences": len(texts),
               "seeds": seeds, "engine_run": engine_run, "machine": platform.processor() or platform.machine(),
               "bundle_table": {k: table.meta.get(k) for k in ("theta", "metric", "mean_seed_group_size")}}
     report |= breakdown(rec, vocab, centroids, table)
