@@ -1,12 +1,18 @@
-"""Server load test: time to first audio (TTFA) and real-time factor (RTF) at several concurrency levels.
+"""Server load test: real-time capacity, time to first audio (TTFA), stalls and real-time factor (RTF).
 
-Starts `pcgtts serve` as its own process (or targets a running server with --url), then for each
-concurrency level runs that many client streams against POST /v1/audio/speech (streamed PCM), each
-sending requests back to back. Per request: TTFA (request sent -> first audio bytes), RTF (wall time /
-audio seconds), and underrun (the worst stall a player starting at the first chunk would hear). Levels run
-in one session, so their ratios are comparable; medians and p90s are reported.
+Starts `pcgtts serve` as its own process (or targets a running server with --url) and sweeps concurrency
+levels. At each level N clients stream PCM from POST /v1/audio/speech at once, each sending its requests
+back to back (two sentences per client by default). Per request it records TTFA (request sent -> first
+audio byte), RTF (wall time / audio seconds) and the stall a listener would hear: a player that starts at
+the first byte, plays at 24 kHz and waits whenever it runs dry; its stall is the total time it waited.
 
-    pcgtts bench load --concurrency 1 8 --requests 16 --out bench/results/load
+**Real-time capacity** is the largest level at which p95 TTFA <= 1.0 s and p95 stall <= 0.2 s (the sweep
+stops at the first level that misses, unless --full). Levels run in one session against one server, so
+their ratios are comparable. Writes `load.json` (one row per level: TTFA p50/p95/p99, stall p50/p95/p99,
+RTF p50/p95, aggregate audio-seconds per second, acceptance, prefix-cache hit rate) and `load.png`.
+
+    pcgtts bench load --out bench/results/load
+    pcgtts bench load --concurrency 1 4 8 12 16 --full --out bench/results/load
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -24,6 +31,10 @@ from pathlib import Path
 import httpx
 
 OUTPUT_RATE = 24000
+TTFA_SLO_S = 1.0  # p95 time to first audio at a level that counts as real time
+STALL_SLO_S = 0.2  # p95 total stall per stream at such a level
+DEFAULT_LEVELS = [1, 4, 8, 10, 12, 14, 16, 20, 24]
+# Held-out sentences (not in the embedded model's training corpus), one per request.
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "She sells sea shells by the sea shore, and the shells she sells are surely sea shells.",
@@ -37,14 +48,33 @@ TEXTS = [
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, help="a running server (default: start `pcgtts serve` here)")
     parser.add_argument("--model", default=None, help="model dir for the started server (default: embedded)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8], help="concurrent streams")
-    parser.add_argument("--requests", type=int, default=None,
-                        help="requests per level (default: 2 x concurrency, at least 4)")
-    parser.add_argument("--format", default="pcm", choices=["pcm", "wav", "mp3", "opus", "aac", "flac"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=DEFAULT_LEVELS,
+                        help="concurrency levels of the sweep, ascending")
+    parser.add_argument("--per-client", type=int, default=2, help="requests each client sends back to back")
+    parser.add_argument("--full", action="store_true", help="run every level (default: stop at the first "
+                                                             "level that misses the real-time targets)")
+    parser.add_argument("--format", default="pcm", choices=["pcm", "wav"])
+    parser.add_argument("--voice", default=None, help="voice sent with every request (default: the server's)")
     parser.add_argument("--acceptance", default=None, help="acceptance rule sent with every request")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra flag for the started server, e.g. --server-arg=--acceptance=exact")
     parser.add_argument("--out", type=Path, default=Path("bench/results/load"))
+
+
+# ------------------------------------------------------------------------------------------ one request
+def stall_seconds(arrivals: list[tuple[float, int]], rate: int = OUTPUT_RATE) -> float:
+    """Total time a player waits when it starts at the first byte, plays 16-bit mono at `rate` and pauses
+    whenever its buffer runs dry. arrivals: (seconds since sent, bytes), in order."""
+    if not arrivals:
+        return 0.0
+    clock = arrivals[0][0]  # when the buffered audio runs out
+    stalled = 0.0
+    for t, n in arrivals:
+        if t > clock:
+            stalled += t - clock
+            clock = t
+        clock += n / 2 / rate
+    return stalled
 
 
 async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
@@ -57,29 +87,23 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
             if chunk:
                 arrivals.append((time.perf_counter() - sent, len(chunk)))
     total = time.perf_counter() - sent
-    audio_bytes = sum(n for _, n in arrivals)
-    audio_s = audio_bytes / 2 / OUTPUT_RATE if body["response_format"] in ("pcm", "wav") else None
-    underrun, played = 0.0, 0.0
-    if audio_s is not None and arrivals:
-        t0 = arrivals[0][0]
-        for t, n in arrivals:  # buffered audio (played so far) vs wall time since the first chunk
-            underrun = max(underrun, (t - t0) - played)
-            played += n / 2 / OUTPUT_RATE
+    audio_s = sum(n for _, n in arrivals) / 2 / OUTPUT_RATE
     return {"status": 200, "ttfa_s": arrivals[0][0] if arrivals else None, "e2e_s": total, "audio_s": audio_s,
-            "rtf": total / audio_s if audio_s else None, "underrun_s": underrun, "chunks": len(arrivals)}
+            "rtf": total / audio_s if audio_s else None, "stall_s": stall_seconds(arrivals),
+            "chunks": len(arrivals)}
 
 
-async def run_level(url: str, concurrency: int, requests: int, args: argparse.Namespace) -> dict:
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(i)
+# ------------------------------------------------------------------------------------------- one level
+async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dict:
     results: list[dict] = []
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            i = queue.get_nowait()
+    async def client_session(client: httpx.AsyncClient, c: int) -> None:
+        for k in range(args.per_client):
+            i = c * args.per_client + k
             body = {"model": "pcgtts", "input": TEXTS[i % len(TEXTS)], "response_format": args.format,
                     "seed": i}
+            if args.voice:
+                body["voice"] = args.voice
             if args.acceptance:
                 body["acceptance"] = args.acceptance
             results.append(await one_request(client, body))
@@ -87,59 +111,89 @@ async def run_level(url: str, concurrency: int, requests: int, args: argparse.Na
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         await one_request(client, {"model": "pcgtts", "input": "Warm up.", "response_format": "pcm"})
-        before = await spec_counters(client)
+        before = await scrape(client)
         started = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        await asyncio.gather(*(client_session(client, c) for c in range(concurrency)))
         wall = time.perf_counter() - started
-        after = await spec_counters(client)
+        after = await scrape(client)
     ok = [r for r in results if r["status"] == 200]
     row = summarize(concurrency, ok, len(results) - len(ok), wall)
-    drafted, accepted = (after[k] - before[k] for k in ("drafted", "accepted"))
-    row["acceptance_rate"] = round(accepted / drafted, 4) if drafted else None
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    row["acceptance_rate"] = _ratio(delta.get("accepted"), delta.get("drafted"))
+    row["prefix_cache_hit_rate"] = _ratio(delta.get("prefix_hits"), delta.get("prefix_queries"))
+    row["codec_s_per_wall_s"] = _round(delta["codec_s"] / wall if "codec_s" in delta and wall else None)
     return row
 
 
-async def spec_counters(client: httpx.AsyncClient) -> dict[str, float]:
-    """Drafted/accepted token counters from /metrics (differences around a level give its acceptance)."""
+METRICS = {"pcgtts:spec_decode_num_draft_tokens_total": "drafted",
+           "pcgtts:spec_decode_num_accepted_tokens_total": "accepted",
+           "pcgtts:prefix_cache_queries_total": "prefix_queries",
+           "pcgtts:prefix_cache_hits_total": "prefix_hits",
+           "pcgtts:codec_decode_seconds_total": "codec_s"}
+
+
+async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
+    """The counters in METRICS from /metrics (differences around a level belong to that level)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    names = {"pcgtts:spec_decode_num_draft_tokens_total": "drafted",
-             "pcgtts:spec_decode_num_accepted_tokens_total": "accepted"}
-    out = {"drafted": 0.0, "accepted": 0.0}
+    out: dict[str, float] = {}
     for family in text_string_to_metric_families((await client.get("/metrics")).text):
         for sample in family.samples:
-            if sample.name in names:
-                out[names[sample.name]] += sample.value
+            if sample.name in METRICS:
+                key = METRICS[sample.name]
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
-def _quantile(values: list[float], q: float) -> float | None:
+def quantile(values: list[float], q: float) -> float | None:
+    """Nearest-rank quantile (no interpolation: with few requests p95 is a real request's value)."""
     if not values:
         return None
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, max(0, -(-int(q * 1000) * len(values) // 1000) - 1))]
 
 
 def summarize(concurrency: int, ok: list[dict], failed: int, wall: float) -> dict:
     ttfa = [r["ttfa_s"] for r in ok if r["ttfa_s"] is not None]
     rtf = [r["rtf"] for r in ok if r["rtf"] is not None]
-    audio = sum(r["audio_s"] or 0 for r in ok)
-    underrun = [r["underrun_s"] for r in ok]
-    return {
-        "concurrency": concurrency, "requests": len(ok), "failed": failed, "wall_s": round(wall, 3),
-        "ttfa_p50_s": _round(statistics.median(ttfa) if ttfa else None),
-        "ttfa_p90_s": _round(_quantile(ttfa, 0.9)),
-        "rtf_p50": _round(statistics.median(rtf) if rtf else None), "rtf_p90": _round(_quantile(rtf, 0.9)),
-        "audio_s": round(audio, 3), "audio_s_per_wall_s": round(audio / wall, 3) if wall else None,
-        "continuity_ok": sum(u < 0.1 for u in underrun) / len(underrun) if underrun else None,
-        "underrun_p90_s": _round(_quantile(underrun, 0.9)),
-    }
+    stall = [r["stall_s"] for r in ok]
+    audio = sum(r["audio_s"] for r in ok)
+    row = {"concurrency": concurrency, "requests": len(ok), "failed": failed, "wall_s": round(wall, 3),
+           "audio_s": round(audio, 3), "audio_s_per_wall_s": round(audio / wall, 3) if wall else None}
+    for name, values in (("ttfa", ttfa), ("stall", stall)):
+        row[f"{name}_p50_s"] = _round(statistics.median(values) if values else None)
+        row[f"{name}_p95_s"] = _round(quantile(values, 0.95))
+        row[f"{name}_p99_s"] = _round(quantile(values, 0.99))
+    row["rtf_p50"] = _round(statistics.median(rtf) if rtf else None)
+    row["rtf_p95"] = _round(quantile(rtf, 0.95))
+    row["real_time"] = meets_targets(row)
+    return row
+
+
+def meets_targets(row: dict) -> bool:
+    return (row["failed"] == 0 and row["requests"] > 0 and row["ttfa_p95_s"] is not None
+            and row["ttfa_p95_s"] <= TTFA_SLO_S and row["stall_p95_s"] <= STALL_SLO_S)
+
+
+def capacity(rows: list[dict]) -> int:
+    """Largest level that meets the targets with every lower level of the sweep meeting them too."""
+    best = 0
+    for row in sorted(rows, key=lambda r: r["concurrency"]):
+        if not row["real_time"]:
+            break
+        best = row["concurrency"]
+    return best
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return round(num / den, 4) if num is not None and den else None
 
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+# ------------------------------------------------------------------------------------------- the sweep
 def start_server(args: argparse.Namespace, data_dir: Path) -> tuple[subprocess.Popen, str]:
     import socket
 
@@ -167,16 +221,46 @@ def start_server(args: argparse.Namespace, data_dir: Path) -> tuple[subprocess.P
 
 
 def print_table(rows: list[dict]) -> None:
-    base = rows[0]
-    print(f"{'conc':>4} {'reqs':>4} {'TTFA p50':>9} {'TTFA p90':>9} {'RTF p50':>8} {'RTF p90':>8} "
-          f"{'audio s/s':>9} {'cont. ok':>8} {'accept':>6}  TTFA x / RTF x vs c={base['concurrency']}")
+    print(f"{'conc':>4} {'reqs':>4} {'TTFA p50':>8} {'p95':>6} {'p99':>6} {'stall p50':>9} {'p95':>6} "
+          f"{'RTF p50':>7} {'audio s/s':>9} {'accept':>6} {'prefix':>6}  real time")
     for r in rows:
-        ratio_ttfa = r["ttfa_p50_s"] / base["ttfa_p50_s"] if base["ttfa_p50_s"] else float("nan")
-        ratio_rtf = r["rtf_p50"] / base["rtf_p50"] if base["rtf_p50"] else float("nan")
-        print(f"{r['concurrency']:>4} {r['requests']:>4} {r['ttfa_p50_s']:>8.3f}s {r['ttfa_p90_s']:>8.3f}s "
-              f"{r['rtf_p50']:>8.3f} {r['rtf_p90']:>8.3f} {r['audio_s_per_wall_s']:>9.2f} "
-              f"{r['continuity_ok']:>8.2f} {r['acceptance_rate'] or float('nan'):>6.2f}  "
-              f"{ratio_ttfa:.2f} / {ratio_rtf:.2f}")
+        print(f"{r['concurrency']:>4} {r['requests']:>4} {_f(r['ttfa_p50_s']):>8} {_f(r['ttfa_p95_s']):>6} "
+              f"{_f(r['ttfa_p99_s']):>6} {_f(r['stall_p50_s']):>9} {_f(r['stall_p95_s']):>6} "
+              f"{_f(r['rtf_p50']):>7} {_f(r['audio_s_per_wall_s']):>9} {_f(r['acceptance_rate']):>6} "
+              f"{_f(r['prefix_cache_hit_rate']):>6}  {'yes' if r['real_time'] else 'NO'}")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]
+    levels = [r["concurrency"] for r in rows]
+    fig, (left, mid, right) = plt.subplots(1, 3, figsize=(15, 4.2))
+    for key, style in (("ttfa_p50_s", "o-"), ("ttfa_p95_s", "s-"), ("ttfa_p99_s", "^:")):
+        left.plot(levels, [r[key] for r in rows], style, label=key.replace("_s", "").replace("_", " "))
+    left.axhline(TTFA_SLO_S, color="grey", lw=1, ls="--", label="p95 target")
+    left.set(xlabel="concurrent streams", ylabel="seconds", title="time to first audio")
+    for key, style in (("stall_p50_s", "o-"), ("stall_p95_s", "s-"), ("stall_p99_s", "^:")):
+        mid.plot(levels, [r[key] for r in rows], style, label=key.replace("_s", "").replace("_", " "))
+    mid.axhline(STALL_SLO_S, color="grey", lw=1, ls="--", label="p95 target")
+    mid.set(xlabel="concurrent streams", ylabel="seconds", title="player stall per stream")
+    right.plot(levels, [r["audio_s_per_wall_s"] for r in rows], "o-", label="audio s per s")
+    right.plot(levels, levels, color="grey", lw=1, ls="--", label="N x real time")
+    right.set(xlabel="concurrent streams", title="aggregate audio seconds per second")
+    for ax in (left, mid, right):
+        ax.axvline(report["capacity"] or 0, color="tab:green", lw=1)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"real-time capacity {report['capacity']} streams ({report['machine']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -184,26 +268,31 @@ def main(args: argparse.Namespace) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     process = None
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as data_dir:
         url = args.url
         if url is None:
             process, url = start_server(args, Path(data_dir))
         try:
             model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
-            rows = []
-            for concurrency in args.concurrency:
-                requests = args.requests or max(4, 2 * concurrency)
-                print(f"[load] concurrency {concurrency}: {requests} requests", flush=True)
-                rows.append(asyncio.run(run_level(url, concurrency, requests, args)))
+            for concurrency in sorted(args.concurrency):
+                print(f"[load] {concurrency} streams x {args.per_client} requests", flush=True)
+                rows.append(asyncio.run(run_level(url, concurrency, args)))
+                if not rows[-1]["real_time"] and not args.full:
+                    break
         finally:
             if process is not None:
                 process.terminate()
                 process.wait(timeout=60)
     print_table(rows)
-    report = {"model": model, "format": args.format, "acceptance": args.acceptance, "rows": rows,
-              "cpu_count": os.cpu_count()}
+    report = {"command": "pcgtts bench load " + " ".join(sys.argv[3:]), "capacity": capacity(rows),
+              "targets": {"ttfa_p95_s": TTFA_SLO_S, "stall_p95_s": STALL_SLO_S},
+              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "model": model,
+              "format": args.format, "acceptance": args.acceptance, "server_args": args.server_arg,
+              "rows": rows}
     (args.out / "load.json").write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out / 'load.json'}")
+    plot(report, args.out / "load.png")
+    print(f"real-time capacity: {report['capacity']} streams; wrote {args.out / 'load.json'}, load.png")
     return 0
 
 

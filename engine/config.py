@@ -38,6 +38,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # prompt tokens prefilled per step (longer ones: chunked)
     max_waiting: int = 64  # bounded FCFS waiting queue; beyond it requests are refused (EngineOverloaded)
     max_model_len: int | None = None  # prompt + output cap; default min(max_position_embeddings, KV capacity)
+    # Share the K/V of full blocks of prompt tokens between requests with the same prefix (a voice's
+    # reference codes), in the target's and the draft's caches; LRU-evicted under the KV budget.
+    enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # "auto" | "sdpa" (gather + SDPA, any device) | "flash_attn" (CUDA)
     seed: int = 0  # seeds the generator shared by requests without their own seed
 

@@ -89,6 +89,9 @@ class Engine:
                                      num_blocks, block_size, backend)
 
         self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device)
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.blocks.prefix_caching = config.enable_prefix_caching
         if self.gamma:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
@@ -172,6 +175,13 @@ class Engine:
         self._finish(seq, "abort")
         return True
 
+    def pin_prefix(self, token_ids: list[int]) -> None:
+        """Keep this prompt prefix's full blocks (e.g. a preset voice's reference) cached for good once a
+        request has computed them (at most a quarter of each pool is pinned)."""
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.blocks.pin([int(t) for t in token_ids])
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
@@ -197,6 +207,11 @@ class Engine:
         failed: list[tuple[Seq, BaseException]] = []
         isolate_faults(plan.prefill, self.decoder.prefill, snapshot, failed)
         broken = {id(seq) for seq, _ in failed}
+        for seq, _ in plan.prefill:  # its computed prompt blocks are now shareable
+            if id(seq) not in broken:
+                seq.target.cache_prefix(self.target.blocks, seq.token_ids, seq.prompt_len)
+                if self.draft is not None:
+                    seq.draft.cache_prefix(self.draft.blocks, seq.token_ids, seq.prompt_len)
         decode = [s for s in plan.decode if id(s) not in broken]
         for seq in decode:
             if not seq.ever_admitted:  # one-token prompts skip prefill
@@ -282,7 +297,8 @@ class Engine:
             generation_tokens=c.generation_tokens, spec_num_drafts=c.spec_num_drafts,
             spec_drafted_tokens=c.spec_drafted_tokens, spec_accepted_tokens=c.spec_accepted_tokens,
             spec_accepted_per_position=list(c.spec_accepted_per_position),
-            preemptions=self.scheduler.num_preemptions, steps=c.steps, batch_tokens=c.batch_tokens,
+            preemptions=self.scheduler.num_preemptions, prefix_cache_queries=self.scheduler.prefix_queries,
+            prefix_cache_hits=self.scheduler.prefix_hits, steps=c.steps, batch_tokens=c.batch_tokens,
             finished=dict(c.finished))
 
     def kv_blocks_in_use(self) -> tuple[int, int]:

@@ -25,6 +25,8 @@ class EngineMetrics:
     steps: int  # decode/speculative steps
     batch_tokens: int  # sum over steps of sequences in the step (mean batch = batch_tokens / steps)
     finished: dict[str, int]  # finish reason -> requests
+    prefix_cache_queries: int = 0  # prompt tokens of admitted requests
+    prefix_cache_hits: int = 0  # of which were found in the prefix cache (not prefilled)
 
 
 @dataclass

@@ -37,6 +37,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.prefix_queries = 0  # prompt tokens of admitted sequences (vLLM: prefix_cache_queries)
+        self.prefix_hits = 0  # of which their target KV came from the prefix cache (prefix_cache_hits)
 
     # ---- queue ----------------------------------------------------------------------------------------
     def add(self, seq: Sequence, continuing: bool = False) -> None:
@@ -130,11 +132,24 @@ class Scheduler:
                        if s.target.num_computed + chunks.get(id(s), 0) == s.length - 1]
         return plan
 
+    def _share_prefix(self, seq: Sequence) -> None:
+        """Start a sequence holding no KV from the cached blocks of its prompt's prefix (both models; the
+        draft never ahead of the target). Only positions before the last prompt token can be shared: the
+        target computes that one in the sequence's first decoding step."""
+        limit = seq.prompt_len - 1
+        reused = seq.target.share_prefix(self.target_blocks, seq.token_ids, limit)
+        if self.draft_blocks is not None:
+            seq.draft.share_prefix(self.draft_blocks, seq.token_ids, reused)
+
     def _admit(self, plan: StepPlan, budget: int, chunks: dict[int, int]) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            todo = seq.length - 1
+            if budget <= 0 and seq.length > 1:
+                break
+            self._share_prefix(seq)
+            todo = seq.length - 1 - seq.target.num_computed
             if todo > 0 and budget <= 0:
+                self._release(seq)
                 break
             if not self._fits_with_headroom(seq) or not self._reserve(seq):
                 self._release(seq)
@@ -142,6 +157,8 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
+            self.prefix_queries += seq.prompt_len
+            self.prefix_hits += seq.target.num_computed
             if todo > 0:
                 chunks[id(seq)] = min(todo, budget)
                 budget -= chunks[id(seq)]

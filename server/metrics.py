@@ -92,6 +92,8 @@ class EngineCollector:
             ("spec_decode_num_drafts", "Speculative steps (one per sequence per step).", s.spec_num_drafts),
             ("spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec_drafted_tokens),
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_accepted_tokens),
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            ("prefix_cache_hits", "Prompt tokens whose K/V came from the prefix cache.", s.prefix_cache_hits),
         ):
             c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
             c.add_metric([self._model], float(value))

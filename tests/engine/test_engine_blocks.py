@@ -38,10 +38,19 @@ def test_allocator_and_rollback():
 
 
 def check_block_invariants(engine: Engine) -> None:
-    """Every used block belongs to exactly one running sequence, in each model's pool."""
+    """Every used block is held by running sequences (or a pin), exactly as often as its reference count
+    says, in each model's pool; waiting sequences hold none."""
+    from collections import Counter
+
     for runner, state in ((engine.target, lambda s: s.target), (engine.draft, lambda s: s.draft)):
-        owned = [b for s in engine.scheduler.running for b in state(s).blocks]
-        assert len(owned) == len(set(owned)) == runner.blocks.num_used
+        if runner is None:
+            continue
+        pool = runner.blocks
+        owners = Counter(b for s in engine.scheduler.running for b in state(s).blocks)
+        owners.update(pool.cache.pinned_blocks)
+        assert len(owners) == pool.num_used
+        assert all(pool.cache.ref_count[b] == n for b, n in owners.items())
+        assert sum(pool.cache.ref_count) == sum(owners.values())
         assert all(not state(s).blocks for s in engine.scheduler.waiting)
 
 
