@@ -29,6 +29,10 @@ class EngineConfig:
     # named after its file stem. Each is loaded on first use.
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)
     num_speculative_tokens: int = 3  # γ; 0 (or no draft) decodes with the target alone
+    # "always": every step speculates (γ drafts + verify). "auto": per step, speculate or decode with the
+    # target alone, whichever measured faster at this batch size (engine.spec_policy); the TTS service's
+    # default. Seeded outputs are reproducible only under "always" (see spec_policy).
+    speculation: str = "always"
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" (float32 on CPU, bfloat16 on CUDA) | "float32" | "bfloat16" | "float16"
     block_size: int = 16  # tokens per KV block

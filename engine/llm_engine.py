@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from engine.model_runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence as Seq
 from engine.spec_decode import SpeculativeDecoder
+from engine.spec_policy import SpeculationPolicy
 
 DEFAULT_KV_TOKENS = 16384
 log = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class Engine:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator)
+        self.policy = SpeculationPolicy(self.gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
         self.requests: dict[str, Seq] = {}
@@ -220,7 +223,8 @@ class Engine:
         outputs = [self._fail(seq, exc) for seq, exc in failed]
         if not decode:
             return outputs
-        rows = isolate_faults(decode, self._decode_rows, snapshot, failed)
+        speculate = self.policy.speculate(len(decode))  # one decision per engine step
+        rows = isolate_faults(decode, lambda seqs: self._decode_rows(seqs, speculate), snapshot, failed)
         outputs += [self._fail(seq, exc) for seq, exc in failed[len(outputs):]]
         self.counters.record_step(len(rows), [r[2] for r in rows], [r[3] for r in rows])
         for seq, tokens, drafted, k in rows:
@@ -233,10 +237,34 @@ class Engine:
             outputs.append(self._output(seq, drafted, k))
         return outputs
 
-    def _decode_rows(self, seqs: list[Seq]) -> list[tuple[Seq, list[int], int, int]]:
-        """One speculative step for `seqs`: (sequence, emitted tokens, drafted, accepted) per row."""
-        result = self.decoder.step(seqs)
-        return list(zip(seqs, result.tokens, result.num_drafted, result.num_accepted, strict=True))
+    def _decode_rows(self, seqs: list[Seq], speculate: bool) -> list[tuple[Seq, list[int], int, int]]:
+        """One decoding step for `seqs`: (sequence, emitted tokens, drafted, accepted) per row. Timed for
+        the speculation policy."""
+        rows = []
+        clock = self._step_clock()
+        for group, spec in self._decode_groups(seqs, speculate):
+            started = clock()
+            result = self.decoder.step(group, spec)
+            self.policy.record(len(group), spec, clock() - started, sum(len(t) for t in result.tokens))
+            rows += zip(group, result.tokens, result.num_drafted, result.num_accepted, strict=True)
+        return rows
+
+    def _step_clock(self):
+        """What the speculation policy times steps with: on a CPU running torch on this thread alone, the
+        thread's own CPU time (other processes on a shared machine do not inflate it); else wall time."""
+        if self.device.type == "cpu" and torch.get_num_threads() == 1:
+            return time.thread_time
+        return time.perf_counter
+
+    def _decode_groups(self, seqs: list[Seq], speculate: bool) -> list[tuple[list[Seq], bool]]:
+        """(sequences, speculate) forwards of this step. The policy decides for the batch; seeded requests
+        speculate on every step whatever it decides, so a seed still fixes a request's tokens (run to
+        run, whatever shares the batch); when the policy says target-only they take a forward of their own."""
+        seeded = [s for s in seqs if s.params.seed is not None]
+        if speculate or not seeded or not self.gamma:
+            return [(seqs, speculate)]
+        plain = [s for s in seqs if s.params.seed is None]
+        return [(seeded, True)] + ([(plain, False)] if plain else [])
 
     def _fail(self, seq: Seq, exc: BaseException) -> RequestOutput:
         log.warning("request %s failed alone in the engine step: %r", seq.request_id, exc)
@@ -298,7 +326,8 @@ class Engine:
             spec_drafted_tokens=c.spec_drafted_tokens, spec_accepted_tokens=c.spec_accepted_tokens,
             spec_accepted_per_position=list(c.spec_accepted_per_position),
             preemptions=self.scheduler.num_preemptions, prefix_cache_queries=self.scheduler.prefix_queries,
-            prefix_cache_hits=self.scheduler.prefix_hits, steps=c.steps, batch_tokens=c.batch_tokens,
+            prefix_cache_hits=self.scheduler.prefix_hits, speculative_steps=self.policy.speculative_steps,
+            target_only_steps=self.policy.target_only_steps, steps=c.steps, batch_tokens=c.batch_tokens,
             finished=dict(c.finished))
 
     def kv_blocks_in_use(self) -> tuple[int, int]:

@@ -27,6 +27,8 @@ class EngineMetrics:
     finished: dict[str, int]  # finish reason -> requests
     prefix_cache_queries: int = 0  # prompt tokens of admitted requests
     prefix_cache_hits: int = 0  # of which were found in the prefix cache (not prefilled)
+    speculative_steps: int = 0  # decode steps that drafted and verified
+    target_only_steps: int = 0  # decode steps the speculation policy ran with the target alone
 
 
 @dataclass

@@ -63,9 +63,10 @@ class SpeculativeDecoder:
                 runner.forward_chunks(states, chunks)
 
     # ---- decode -----------------------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence]) -> StepResult:
+    def step(self, seqs: list[Sequence], speculate: bool = True) -> StepResult:
+        """speculate=False decodes with the target alone this step (the draft catches up next time)."""
         sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator)
-        if self.gamma == 0:
+        if self.gamma == 0 or not speculate:
             return self._target_only(seqs, sampler)
         return self._speculate(seqs, sampler)
 

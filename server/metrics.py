@@ -98,6 +98,12 @@ class EngineCollector:
             c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
             c.add_metric([self._model], float(value))
             yield c
+        steps = CounterMetricFamily(PREFIX + "decode_steps", "Engine decode steps by mode (the speculation "
+                                    "policy picks speculative or target-only per step).",
+                                    labels=["model_name", "mode"])
+        steps.add_metric([self._model, "speculative"], float(s.speculative_steps))
+        steps.add_metric([self._model, "target_only"], float(s.target_only_steps))
+        yield steps
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                       "Draft tokens accepted, by draft position.",
                                       labels=["model_name", "position"])

@@ -50,6 +50,9 @@ class TTSConfig:
     device: str = EngineConfig.device
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
+    # "auto": the engine speculates on a step only when that measured faster at its batch size;
+    # "always": every step. Seeded requests speculate on every step either way (reproducible audio).
+    speculation: str = "auto"
     asg_table: str | Path | None = None  # overrides the bundle's ASG table (θ choice)
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)  # more, picked per request by name
     kv_budget_tokens: int | None = EngineConfig.kv_budget_tokens
@@ -118,6 +121,7 @@ class TTSService:
             asg_table=asg,
             extra_asg_tables=bundle.extra_asg_tables | dict(config.extra_asg_tables),
             num_speculative_tokens=config.num_speculative_tokens if use_draft else 0,
+            speculation=config.speculation,
             device=config.device,
             kv_budget_tokens=config.kv_budget_tokens,
             max_num_seqs=config.max_num_seqs,

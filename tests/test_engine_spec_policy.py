@@ -1,0 +1,64 @@
+"""Load-aware speculation: the policy picks the mode measured faster per batch size, and switching
+modes between steps keeps outputs right (greedy + exact equals target-only decoding)."""
+
+from __future__ import annotations
+
+import pytest
+from engine_support import engine_config, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
+
+from engine import Engine, SamplingParams
+from engine.spec_policy import SpeculationPolicy
+
+
+def drive(policy: SpeculationPolicy, batch: int, seconds: dict[bool, float], tokens_per_seq: float,
+          steps: int) -> list[bool]:
+    """Run `steps` decisions at `batch`, each step taking seconds[mode] and emitting the given tokens."""
+    choices = []
+    for _ in range(steps):
+        spec = policy.speculate(batch)
+        choices.append(spec)
+        policy.record(batch, spec, seconds[spec], round(batch * (tokens_per_seq if spec else 1)))
+    return choices
+
+
+def test_policy_picks_the_faster_mode_per_batch_size_and_retries_the_other():
+    policy = SpeculationPolicy(gamma=3, retry_every=10)
+    # batch 1: a speculative step takes 1.5x a plain one and emits 2.4 tokens -> speculate
+    small = drive(policy, 1, {True: 0.015, False: 0.010}, 2.4, 40)
+    assert small[:2] == [True, False]  # each mode timed once
+    assert small[2:].count(True) > 30 and False in small[2:]  # mostly speculative, retried now and then
+    # batch 12: a speculative step takes 3x a plain one -> target alone
+    big = drive(policy, 12, {True: 0.090, False: 0.030}, 2.4, 40)
+    assert big[2:].count(False) > 30 and True in big[2:]
+    assert policy.rate(12, False) > policy.rate(12, True)
+    # acceptance collapses: at batch 1 speculation stops paying too
+    later = drive(policy, 1, {True: 0.015, False: 0.010}, 1.0, 40)
+    assert later[-20:].count(False) >= 18
+
+
+def test_always_and_no_draft():
+    assert all(drive(SpeculationPolicy(gamma=3, mode="always"), 8, {True: 9.0, False: 0.1}, 1.0, 5))
+    assert not any(drive(SpeculationPolicy(gamma=0), 8, {True: 0.1, False: 9.0}, 1.0, 5))
+    with pytest.raises(ValueError):
+        SpeculationPolicy(gamma=3, mode="sometimes")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("policy")
+    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=53)
+    return target, save_draft_from(target, root / "draft", layers=1, noise=0.05)
+
+
+def test_switching_modes_between_steps_keeps_greedy_exact_output_equal_to_target_only(pair):
+    prompts = [[3, 1, 4, 1, 5, 9, 2, 6][: 2 + i % 6] + [i] for i in range(10)]
+    params = SamplingParams(temperature=0, max_tokens=30)
+    plain = Engine(engine_config(pair[0], block_size=4))
+    reference = [g.token_ids for g in plain.generate(prompts, params)]
+    auto = Engine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=3, acceptance="exact",
+                                block_size=4, speculation="auto", max_num_seqs=4))
+    auto.policy.retry_every = 2  # switch modes often, so the draft keeps catching up after plain steps
+    assert [g.token_ids for g in auto.generate(prompts, params)] == reference
+    m = auto.metrics()
+    assert m.speculative_steps > 3 and m.target_only_steps > 3
+    assert m.spec_drafted_tokens == 3 * m.spec_num_drafts  # plain steps draft nothing
