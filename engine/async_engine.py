@@ -123,6 +123,18 @@ class AsyncEngine:
             self._commands.append(("abort", request_id))
         self._wake.set()
 
+    def set_deadline(self, request_id: str, deadline: float | None) -> None:
+        """From any thread: when this request's listener runs out of audio (time.perf_counter() time), for
+        the scheduler's audio-deadline ordering (Engine.set_deadline)."""
+        with self._lock:
+            self._commands.append(("deadline", request_id, deadline))
+
+    def pin_prefix(self, token_ids: list[int]) -> None:
+        """From any thread: keep this prompt prefix cached for good (Engine.pin_prefix)."""
+        with self._lock:
+            self._commands.append(("pin", token_ids))
+        self._wake.set()
+
     def metrics(self) -> EngineMetrics:
         """The snapshot published after the engine thread's latest step."""
         return self._metrics
@@ -179,6 +191,10 @@ class AsyncEngine:
             finally:
                 with self._lock:
                     self._pending_adds -= 1
+        elif command[0] == "deadline":
+            self.engine.set_deadline(command[1], command[2])
+        elif command[0] == "pin":
+            self.engine.pin_prefix(command[1])
         else:
             request_id = command[1]
             if self.engine.abort(request_id):

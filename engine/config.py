@@ -45,6 +45,11 @@ class EngineConfig:
     # Share the K/V of full blocks of prompt tokens between requests with the same prefix (a voice's
     # reference codes), in the target's and the draft's caches; LRU-evicted under the KV budget.
     enable_prefix_caching: bool = True
+    # Audio-deadline scheduling (requests whose caller reports when the listener runs dry, see
+    # Engine.set_deadline): while someone is urgent, a stream with more than this much audio buffered sits
+    # out a step, at most max_defer_steps steps in a row (0 = never).
+    deadline_ahead_s: float = 2.0
+    max_defer_steps: int = 4
     attention_backend: str = "auto"  # "auto" | "sdpa" (gather + SDPA, any device) | "flash_attn" (CUDA)
     seed: int = 0  # seeds the generator shared by requests without their own seed
 

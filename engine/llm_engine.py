@@ -100,7 +100,8 @@ class Engine:
         self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator)
         self.policy = SpeculationPolicy(self.gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
-                                   config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting)
+                                   config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,
+                                   ahead_s=config.deadline_ahead_s, max_defer=config.max_defer_steps)
         self.requests: dict[str, Seq] = {}
         self.counters = Counters(gamma=self.gamma)
         self._arrivals = itertools.count()
@@ -177,6 +178,13 @@ class Engine:
             return False
         self._finish(seq, "abort")
         return True
+
+    def set_deadline(self, request_id: str, deadline: float | None) -> None:
+        """Tell the scheduler when this request's listener runs out of audio (time.perf_counter() time;
+        None = no audio yet). Unknown or finished requests are ignored."""
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            seq.deadline = deadline
 
     def pin_prefix(self, token_ids: list[int]) -> None:
         """Keep this prompt prefix's full blocks (e.g. a preset voice's reference) cached for good once a

@@ -6,11 +6,20 @@ freed, its tokens kept) and goes back to the front of the queue to be recomputed
 requests are admitted first-come-first-served (no overtaking) while there is room, a free sequence slot
 and prefill budget left. Prompts longer than the per-step budget are prefilled in chunks over several
 steps. A sequence decodes in the same step its prefill completes.
+
+Audio deadlines: a caller may tell the engine when each request's listener runs out of buffered audio
+(`Sequence.deadline`). When some sequence in the step is urgent (no audio yet, or less than `ahead_s`
+buffered), ready sequences with more than `ahead_s` of audio buffered sit the step out, so the step is
+smaller and faster for those who need it: a new request's first audio is not held up behind long streams.
+Nobody starves: a sequence sits out at most `max_defer` steps in a row, and nothing waits when nobody
+is urgent.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockAllocator, OutOfBlocks
@@ -27,13 +36,18 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, target_blocks: BlockAllocator, draft_blocks: BlockAllocator | None, gamma: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int):
+                 max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int, ahead_s: float = 2.0,
+                 max_defer: int = 4, clock: Callable[[], float] = time.perf_counter):
         self.target_blocks = target_blocks
         self.draft_blocks = draft_blocks
         self.gamma = gamma
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
+        self.ahead_s = ahead_s  # buffered audio beyond which a stream may sit out a step
+        self.max_defer = max_defer  # steps in a row a ready sequence may sit out (0 = never)
+        self.clock = clock  # the time base of Sequence.deadline
+        self.num_deferred = 0  # (sequence, step) pairs that sat out
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -128,9 +142,28 @@ class Scheduler:
                 plan.prefill.append((seq, chunks[id(seq)]))
         if not plan.preempted:
             self._admit(plan, budget, chunks)
-        plan.decode = [s for s in self.running
-                       if s.target.num_computed + chunks.get(id(s), 0) == s.length - 1]
+        ready = [s for s in self.running if s.target.num_computed + chunks.get(id(s), 0) == s.length - 1]
+        plan.decode = self._by_deadline(ready, urgent_prefill=bool(plan.prefill))
         return plan
+
+    def _by_deadline(self, ready: list[Sequence], urgent_prefill: bool) -> list[Sequence]:
+        """The ready sequences that take this step: far-ahead ones sit out while someone is urgent."""
+        if self.max_defer <= 0 or not ready:
+            return ready
+        now = self.clock()
+        ahead = [s.deadline is not None and s.deadline - now > self.ahead_s for s in ready]
+        if not urgent_prefill and all(ahead):  # nobody is urgent: nobody waits
+            return ready
+        far = [a and s.deferred < self.max_defer for s, a in zip(ready, ahead, strict=True)]
+        decode = []
+        for seq, wait in zip(ready, far, strict=True):
+            if wait:
+                seq.deferred += 1
+                self.num_deferred += 1
+            else:
+                seq.deferred = 0
+                decode.append(seq)
+        return decode
 
     def _share_prefix(self, seq: Sequence) -> None:
         """Start a sequence holding no KV from the cached blocks of its prompt's prefix (both models; the

@@ -37,6 +37,10 @@ class Sequence:
     ever_admitted: bool = False
     presence: torch.Tensor | None = None  # Bool[V] tokens seen so far, kept only for repetition penalty
     rule: AcceptanceRule | None = None  # verifies this request's drafts (None: the engine has no draft)
+    # Audio-deadline hint from the caller: clock time at which this request's listener runs out of audio
+    # (None: no audio yet, the most urgent). Streams far ahead of their listener may sit out a step.
+    deadline: float | None = None
+    deferred: int = 0  # consecutive steps this sequence was ready but sat out
 
     @property
     def length(self) -> int:

@@ -130,6 +130,7 @@ class TTSService:
         engine = AsyncEngine(engine_config)
         service = cls(config, bundle, family, codec, engine, {})
         service._presets = service._load_presets()
+        service._pin_presets()
         _ = service.default_sampling  # a bad manifest fails at load, not on the first request
         return service
 
@@ -150,6 +151,22 @@ class TTSService:
                 audio, rate = sf.read(audio_path, dtype="float32", always_2d=True)
                 presets[audio_path.stem] = self.encode_voice(audio.mean(axis=1), rate, transcript)
         return presets
+
+    def _pin_presets(self) -> None:
+        """Keep each preset voice's prompt prefix (its reference codes) in the engine's prefix cache for
+        good: the prefix both of two prompts with different texts share."""
+        pin = getattr(self.engine, "pin_prefix", None)
+        if pin is None:
+            return
+        for voice in self._presets.values():
+            try:
+                a = self.family.build_prompt("one", voice).token_ids
+                b = self.family.build_prompt("two", voice).token_ids
+            except ValueError:
+                continue
+            common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                          min(len(a), len(b)))
+            pin(a[:common])
 
     # -- voices
     def preset_voices(self) -> dict[str, VoicePrompt]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
@@ -176,8 +177,9 @@ class Synthesis:
         decoder = svc.codec.streaming_decoder()
         held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
         finish_reason = None
+        request_id = uuid.uuid4().hex
         with _engine_errors():
-            stream = svc.engine.stream(prompt.token_ids, params, continuing=self._admitted)
+            stream = svc.engine.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
             try:
                 async for delta in stream:
                     self._admitted = True
@@ -197,6 +199,9 @@ class Synthesis:
                         held = []
                         if audio.size:
                             yield audio
+                            # after the yield the chunk is counted: tell the scheduler how far ahead
+                            # of its listener this stream now is (audio-deadline scheduling)
+                            svc.engine.set_deadline(request_id, st.playback_deadline())
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
         if held:
