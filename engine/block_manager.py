@@ -45,6 +45,12 @@ class BlockAllocator:
         """Blocks some sequence (or a pin) holds."""
         return self.num_blocks - self.num_free
 
+    @property
+    def num_held(self) -> int:
+        """Blocks requests hold (used, less those kept by pins alone)."""
+        return self.num_used - len(self.cache.pinned_blocks) + sum(
+            1 for b in self.cache.pinned_blocks if self.cache.ref_count[b] > 1)
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -328,8 +328,9 @@ class Engine:
         c, blocks = self.counters, self.target.blocks
         return EngineMetrics(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_usage=blocks.num_used / blocks.num_blocks, kv_blocks_total=blocks.num_blocks,
-            kv_blocks_used=blocks.num_used, prompt_tokens=c.prompt_tokens,
+            kv_usage=blocks.num_held / blocks.num_blocks, kv_blocks_total=blocks.num_blocks,
+            kv_blocks_used=blocks.num_held, kv_blocks_pinned=len(blocks.cache.pinned_blocks),
+            prompt_tokens=c.prompt_tokens,
             generation_tokens=c.generation_tokens, spec_num_drafts=c.spec_num_drafts,
             spec_drafted_tokens=c.spec_drafted_tokens, spec_accepted_tokens=c.spec_accepted_tokens,
             spec_accepted_per_position=list(c.spec_accepted_per_position),
@@ -339,5 +340,5 @@ class Engine:
             finished=dict(c.finished))
 
     def kv_blocks_in_use(self) -> tuple[int, int]:
-        """(target, draft) blocks currently held by sequences."""
-        return self.target.blocks.num_used, self.draft.blocks.num_used if self.draft else 0
+        """(target, draft) blocks currently held by sequences (not counting those only pins keep)."""
+        return self.target.blocks.num_held, self.draft.blocks.num_held if self.draft else 0

@@ -12,7 +12,7 @@ class EngineMetrics:
 
     num_running: int
     num_waiting: int
-    kv_usage: float  # used / total target KV blocks, 0..1
+    kv_usage: float  # target KV blocks requests hold / all blocks, 0..1 (pinned prefixes not counted)
     kv_blocks_total: int
     kv_blocks_used: int
     prompt_tokens: int
@@ -25,6 +25,7 @@ class EngineMetrics:
     steps: int  # decode/speculative steps
     batch_tokens: int  # sum over steps of sequences in the step (mean batch = batch_tokens / steps)
     finished: dict[str, int]  # finish reason -> requests
+    kv_blocks_pinned: int = 0  # target blocks kept by pinned prefixes (preset voices)
     prefix_cache_queries: int = 0  # prompt tokens of admitted requests
     prefix_cache_hits: int = 0  # of which were found in the prefix cache (not prefilled)
     speculative_steps: int = 0  # decode steps that drafted and verified
