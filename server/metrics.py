@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 PREFIX = "pcgtts:"
@@ -21,6 +21,8 @@ RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0,
                    300.0)
 UNDERRUN_BUCKETS = (0.0, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+# Audio a listener holds when the next chunk arrives (live capacity headroom: near 0 = about to stall).
+HEADROOM_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 # A stream whose worst stall stays below this is "continuous" (vLLM-Omni's threshold).
 CONTINUITY_THRESHOLD_S = 0.1
 
@@ -52,12 +54,17 @@ class UnderrunTracker:
         self.audio_s = 0.0
         self.worst = 0.0
 
-    def chunk(self, now: float, seconds: float) -> None:
+    def chunk(self, now: float, seconds: float) -> float | None:
+        """Records a chunk; returns the audio the player still held when it arrived (None for the first,
+        negative when it had run dry)."""
+        headroom = None
         if self.t0 is None:
             self.t0 = now
         else:
-            self.worst = max(self.worst, (now - self.t0) - self.audio_s)
+            headroom = self.audio_s - (now - self.t0)
+            self.worst = max(self.worst, -headroom)
         self.audio_s += seconds
+        return headroom
 
 
 class EngineCollector:
@@ -143,6 +150,13 @@ class ServerMetrics:
         self.underrun = Histogram(PREFIX + "audio_underrun_seconds",
                                   "Worst playback stall of a stream started at its first chunk.", lab,
                                   buckets=UNDERRUN_BUCKETS, registry=r)
+        self.headroom = Histogram(PREFIX + "audio_buffer_headroom_seconds",
+                                  "Audio a listener started at the first chunk still holds when the next "
+                                  "chunk is sent (0 = it ran dry): live real-time capacity headroom.", lab,
+                                  buckets=HEADROOM_BUCKETS, registry=r)
+        self.streams_active = Gauge(PREFIX + "audio_streams_active",
+                                    "Requests that have started sending audio and not yet finished.", lab,
+                                    registry=r)
         self.continuity_ok = Counter(PREFIX + "audio_continuity_ok",
                                      f"Streams whose worst stall stayed below {CONTINUITY_THRESHOLD_S} s.",
                                      lab, registry=r)

@@ -128,16 +128,24 @@ class SpeechRun:
         self.started = started if started is not None else time.perf_counter()
         self.outcome = RequestOutcome(format=fmt, stream_mode=stream_mode, status="aborted")
         self.underrun = UnderrunTracker()
+        self._active = False  # counted in the audio_streams_active gauge
 
     def sent_audio(self, seconds: float) -> None:
         now = time.perf_counter()
         if self.outcome.ttfa_s is None:
             self.outcome.ttfa_s = now - self.started
+            self._active = True
+            self.metrics.streams_active.labels(self.metrics.model_name).inc()
         if seconds > 0:
-            self.underrun.chunk(now, seconds)
+            headroom = self.underrun.chunk(now, seconds)
+            if headroom is not None:
+                self.metrics.headroom.labels(self.metrics.model_name).observe(max(0.0, headroom))
 
     def finish(self, synth: Synthesis | None, status: str, audio_s: float) -> None:
         o = self.outcome
+        if self._active:
+            self._active = False
+            self.metrics.streams_active.labels(self.metrics.model_name).dec()
         o.status = status
         o.e2e_s = time.perf_counter() - self.started
         o.audio_s = audio_s

@@ -59,6 +59,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
                          f"sum(rate({P}codec_decode_calls_total{RATE}))"),
         ("busy", f"sum(rate({P}codec_decode_seconds_total{RATE}))"),
     ]),
+    ("Capacity headroom: audio a listener holds when the next chunk arrives", "s", [
+        ("p5", f"histogram_quantile(0.05, sum by(le)(rate({P}audio_buffer_headroom_seconds_bucket{RATE})))"),
+        ("p50", f"histogram_quantile(0.5, sum by(le)(rate({P}audio_buffer_headroom_seconds_bucket{RATE})))"),
+        ("streams", f"sum({P}audio_streams_active)"),
+    ]),
+    ("Streams that stalled over 0.2 s (real-time capacity exceeded when this rises)", "percentunit", [
+        ("stalled", f"1 - sum(rate({P}audio_underrun_seconds_bucket{{le=\"0.2\"}}{RATE})) / "
+                    f"sum(rate({P}audio_underrun_seconds_count{RATE}))"),
+    ]),
+    ("Prefix-cache hit rate (prompt tokens reused)", "percentunit", [
+        ("hit rate", f"sum(rate({P}prefix_cache_hits_total{RATE})) / "
+                     f"sum(rate({P}prefix_cache_queries_total{RATE}))"),
+    ]),
+    ("Decode steps by mode (load-aware speculation)", "short", [
+        ("{{mode}}", f"sum by(mode)(rate({P}decode_steps_total{RATE}))"),
+    ]),
     ("Finished requests by reason", "short", [
         ("{{finished_reason}}", f"sum by(finished_reason)(rate({P}request_success_total{RATE}))"),
     ]),
