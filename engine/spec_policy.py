@@ -4,14 +4,15 @@ whichever the measurements say gives more tokens per second at this batch size.
 On a GPU a verify step over γ+1 positions costs about one decode step, so speculation pays at any batch;
 on a CPU the forward's cost grows with the tokens it scores, and at large batches a speculative step
 costs more than the tokens its accepted drafts save (embedded model, 2-core CPU: 1.05x at batch 1,
-0.63x at batch 12). The policy keeps, per batch size and mode, a moving average of the step's wall
-time, and a moving average of tokens emitted per sequence per speculative step (which carries the
-measured acceptance), and picks the mode with the higher expected rate
+0.63x at batch 12). The policy keeps, per batch-size class (1, 2-3, 4-7, 8-15, ...) and mode, a moving
+average of a step's wall time per sequence, and a moving average of tokens emitted per sequence per
+speculative step (which carries the measured acceptance), and picks the mode with the higher expected
+rate
 
-    speculative: B * tokens_per_seq / t_spec(B)      target-only: B / t_target(B)
+    speculative: tokens_per_seq / t_spec_per_seq(class)      target-only: 1 / t_target_per_seq(class)
 
-A mode not yet timed at a batch size is tried once; the losing mode is re-timed every `retry_every`
-steps at that size, so a change of load or acceptance is noticed. Decisions depend only on step
+A mode not yet timed in a class is tried once; the losing mode is re-timed every `retry_every` steps of
+that class, so a change of load or acceptance is noticed. Decisions depend only on step
 counts and measured times, never on a random draw, so the per-request generators see the same draws
 for the same decisions.
 """
@@ -25,7 +26,7 @@ POLICIES = ("auto", "always")
 
 @dataclass
 class _Timing:
-    seconds: float | None = None  # moving average of one step's wall time
+    seconds: float | None = None  # moving average of a step's wall time per sequence
     steps: int = 0
 
     def record(self, seconds: float, alpha: float) -> None:
@@ -38,7 +39,7 @@ class SpeculationPolicy:
     gamma: int
     mode: str = "auto"  # "auto" | "always"
     alpha: float = 0.2  # weight of the newest step in the moving averages
-    retry_every: int = 50  # steps at one batch size between re-timings of the mode not chosen
+    retry_every: int = 50  # steps in one batch-size class between re-timings of the mode not chosen
     tokens_per_seq: float | None = None  # moving average per speculative step (1 + accepted drafts)
     _timings: dict[tuple[int, bool], _Timing] = field(default_factory=dict)
     _since_retry: dict[int, int] = field(default_factory=dict)
@@ -59,24 +60,26 @@ class SpeculationPolicy:
         if spec.seconds is None or plain.seconds is None:  # time each mode once at this size
             return spec.seconds is None
         better = self.rate(batch, True) >= self.rate(batch, False)
-        waited = self._since_retry.get(batch, 0) + 1
-        self._since_retry[batch] = waited
+        size = batch.bit_length()
+        waited = self._since_retry.get(size, 0) + 1
+        self._since_retry[size] = waited
         if waited >= self.retry_every:
-            self._since_retry[batch] = 0
+            self._since_retry[size] = 0
             return not better
         return better
 
     def rate(self, batch: int, speculative: bool) -> float:
-        """Expected tokens per second of a step of `batch` sequences in this mode (0 if not yet timed)."""
+        """Expected tokens per second per sequence of a step of `batch` sequences in this mode (0 if not yet
+        timed in its class)."""
         seconds = self._timing(batch, speculative).seconds
         if not seconds:
             return 0.0
         per_seq = (self.tokens_per_seq or 1.0) if speculative else 1.0
-        return batch * per_seq / seconds
+        return per_seq / seconds
 
     def record(self, batch: int, speculative: bool, seconds: float, tokens: int) -> None:
         """A finished step: its batch, mode, wall time and tokens emitted over the batch."""
-        self._timing(batch, speculative).record(seconds, self.alpha)
+        self._timing(batch, speculative).record(seconds / batch, self.alpha)
         if speculative:
             self.speculative_steps += 1
             per_seq = tokens / batch
@@ -86,4 +89,4 @@ class SpeculationPolicy:
             self.target_only_steps += 1
 
     def _timing(self, batch: int, speculative: bool) -> _Timing:
-        return self._timings.setdefault((batch, speculative), _Timing())
+        return self._timings.setdefault((batch.bit_length(), speculative), _Timing())
