@@ -125,6 +125,8 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dic
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     row["acceptance_rate"] = _ratio(delta.get("accepted"), delta.get("drafted"))
     row["prefix_cache_hit_rate"] = _ratio(delta.get("prefix_hits"), delta.get("prefix_queries"))
+    row["speculative_step_share"] = _ratio(delta.get("steps_speculative"), delta.get("steps_speculative", 0)
+                                           + delta.get("steps_target_only", 0))
     row["codec_s_per_wall_s"] = _round(delta["codec_s"] / wall if "codec_s" in delta and wall else None)
     # CPU seconds the server spent per second of audio: unlike wall-clock rates this barely moves when
     # other jobs share the machine, so it compares builds measured on a busy machine (2 / it bounds the
@@ -157,8 +159,10 @@ async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
     out: dict[str, float] = {}
     for family in text_string_to_metric_families((await client.get("/metrics")).text):
         for sample in family.samples:
-            if sample.name in METRICS:
-                key = METRICS[sample.name]
+            key = METRICS.get(sample.name)
+            if sample.name == "pcgtts:decode_steps_total":
+                key = f"steps_{sample.labels.get('mode')}"
+            if key is not None:
                 out[key] = out.get(key, 0.0) + sample.value
     return out
 
