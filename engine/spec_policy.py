@@ -4,21 +4,26 @@ whichever the measurements say gives more tokens per second at this batch size.
 On a GPU a verify step over γ+1 positions costs about one decode step, so speculation pays at any batch;
 on a CPU the forward's cost grows with the tokens it scores, and at large batches a speculative step
 costs more than the tokens its accepted drafts save (embedded model, 2-core CPU: 1.05x at batch 1,
-0.63x at batch 12). The policy keeps, per batch-size class (1, 2-3, 4-7, 8-15, ...) and mode, a moving
-average of a step's wall time per sequence, and a moving average of tokens emitted per sequence per
+0.63x at batch 12). The policy keeps, per batch-size class (1, 2-3, 4-7, 8-15, ...) and mode, the median
+of the latest steps' wall times per sequence, and a moving average of tokens emitted per sequence per
 speculative step (which carries the measured acceptance), and picks the mode with the higher expected
 rate
 
     speculative: tokens_per_seq / t_spec_per_seq(class)      target-only: 1 / t_target_per_seq(class)
 
-A mode not yet timed in a class is tried once; the losing mode is re-timed every `retry_every` steps of
-that class, so a change of load or acceptance is noticed. Decisions depend only on step
+A mode not yet timed in a class is tried; the losing mode is re-timed every `retry_every` steps of that
+class, so a change of load or acceptance is noticed. A speculative step right after target-only ones
+also feeds the draft the tokens it missed; that switching cost is left out of the timing. Steps are
+timed by the engine thread's CPU time where torch runs on that thread alone (engine.llm_engine), so
+other processes on a shared machine do not skew the choice. Decisions depend only on step
 counts and measured times, never on a random draw, so the per-request generators see the same draws
 for the same decisions.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 POLICIES = ("auto", "always")
@@ -26,23 +31,30 @@ POLICIES = ("auto", "always")
 
 @dataclass
 class _Timing:
-    seconds: float | None = None  # moving average of a step's wall time per sequence
-    steps: int = 0
+    """The latest step times per sequence of one (batch-size class, mode); their median is the estimate,
+    so one step slowed by another process on a shared machine does not decide many later steps."""
 
-    def record(self, seconds: float, alpha: float) -> None:
-        self.seconds = seconds if self.seconds is None else (1 - alpha) * self.seconds + alpha * seconds
-        self.steps += 1
+    samples: deque = field(default_factory=lambda: deque(maxlen=9))
+
+    @property
+    def seconds(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    def record(self, seconds: float) -> None:
+        self.samples.append(seconds)
 
 
 @dataclass
 class SpeculationPolicy:
     gamma: int
     mode: str = "auto"  # "auto" | "always"
-    alpha: float = 0.2  # weight of the newest step in the moving averages
-    retry_every: int = 50  # steps in one batch-size class between re-timings of the mode not chosen
+    alpha: float = 0.2  # weight of the newest step in the moving average of tokens per sequence
+    retry_every: int = 20  # steps in one batch-size class between re-timings of the mode not chosen
     tokens_per_seq: float | None = None  # moving average per speculative step (1 + accepted drafts)
     _timings: dict[tuple[int, bool], _Timing] = field(default_factory=dict)
     _since_retry: dict[int, int] = field(default_factory=dict)
+    _last: bool | None = None  # mode of the previous step
+    _burst: int = 0  # speculative steps still owed to a try
     speculative_steps: int = 0
     target_only_steps: int = 0
 
@@ -56,17 +68,27 @@ class SpeculationPolicy:
             return False
         if self.mode == "always":
             return True
+        if self._burst:  # the second step of a speculative try (the first one's draft was catching up)
+            self._burst -= 1
+            return True
         spec, plain = self._timing(batch, True), self._timing(batch, False)
-        if spec.seconds is None or plain.seconds is None:  # time each mode once at this size
-            return spec.seconds is None
+        if spec.seconds is None or plain.seconds is None:  # time each mode at this size
+            return self._try(spec.seconds is None)
         better = self.rate(batch, True) >= self.rate(batch, False)
         size = batch.bit_length()
         waited = self._since_retry.get(size, 0) + 1
         self._since_retry[size] = waited
         if waited >= self.retry_every:
             self._since_retry[size] = 0
-            return not better
+            return self._try(not better)
         return better
+
+    def _try(self, speculative: bool) -> bool:
+        """A step in a mode that is being timed: speculation gets two steps in a row when the draft is
+        behind (after target-only steps it first catches up, a cost of the switch, not of the mode)."""
+        if speculative and self._last is False:
+            self._burst = 1
+        return speculative
 
     def rate(self, batch: int, speculative: bool) -> float:
         """Expected tokens per second per sequence of a step of `batch` sequences in this mode (0 if not yet
@@ -78,8 +100,11 @@ class SpeculationPolicy:
         return per_seq / seconds
 
     def record(self, batch: int, speculative: bool, seconds: float, tokens: int) -> None:
-        """A finished step: its batch, mode, wall time and tokens emitted over the batch."""
-        self._timing(batch, speculative).record(seconds / batch, self.alpha)
+        """A finished step: its batch, mode, time and tokens emitted over the batch. The first speculative
+        step after target-only ones is not timed: its draft was catching up on the tokens it missed."""
+        if not (speculative and self._last is False):
+            self._timing(batch, speculative).record(seconds / batch)
+        self._last = speculative
         if speculative:
             self.speculative_steps += 1
             per_seq = tokens / batch
