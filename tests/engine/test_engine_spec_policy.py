@@ -4,7 +4,7 @@ modes between steps keeps outputs right (greedy + exact equals target-only decod
 from __future__ import annotations
 
 import pytest
-from engine_support import engine_config, one_torch_thread, save_draft_from, save_tiny_llama  # noqa: F401 (fixture)
+from engine_support import engine_config, save_draft_from, save_tiny_llama
 
 from engine import Engine, SamplingParams
 from engine.spec_policy import SpeculationPolicy

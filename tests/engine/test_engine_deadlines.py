@@ -5,7 +5,7 @@ far ahead of their listeners, and no stream starves even while urgent requests k
 from __future__ import annotations
 
 import pytest
-from engine_support import engine_config, one_torch_thread, save_tiny_llama  # noqa: F401 (fixture)
+from engine_support import engine_config, save_tiny_llama
 
 from engine import Engine, SamplingParams
 
