@@ -242,5 +242,11 @@ def test_metrics_after_traffic(client, live_server):
     calls = value("pcgtts:codec_decode_calls", "_total")
     assert 0 < calls <= value("pcgtts:codec_decode_stream_jobs", "_total")  # a call serves >= 1 stream
     assert value("pcgtts:codec_decode_seconds", "_total") > 0
+    queries = value("pcgtts:prefix_cache_queries", "_total")
+    assert queries > 0 and 0 < value("pcgtts:prefix_cache_hits", "_total") <= queries  # one preset voice
+    assert value("pcgtts:audio_buffer_headroom_seconds", "_count") > 0
+    assert value("pcgtts:decode_steps", "_total") > 0
+    assert families["pcgtts:audio_streams_active"].type == "gauge"
     labels = {k for f in families.values() for s in f.samples for k in s.labels}
-    assert labels <= {"model_name", "position", "format", "stream_mode", "status", "finished_reason", "le"}
+    assert labels <= {"model_name", "position", "format", "stream_mode", "status", "finished_reason", "le",
+                      "mode"}
