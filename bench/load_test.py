@@ -309,7 +309,9 @@ def main(args: argparse.Namespace) -> int:
                 process.terminate()
                 process.wait(timeout=60)
     print_table(rows)
-    report = {"command": "pcgtts bench load " + " ".join(sys.argv[3:]), "capacity": capacity(rows),
+    cli = sys.argv[1:3] == ["bench", "load"]  # `pcgtts bench load ...` vs `python -m bench.load_test ...`
+    command = "pcgtts bench load " + " ".join(sys.argv[3 if cli else 1:])
+    report = {"command": command, "capacity": capacity(rows),
               "targets": {"ttfa_p95_s": TTFA_SLO_S, "stall_p95_s": STALL_SLO_S},
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "model": model,
               "format": args.format, "acceptance": args.acceptance, "server_args": args.server_arg,
