@@ -2,12 +2,12 @@
 whichever the measurements say gives more tokens per second at this batch size.
 
 On a GPU a verify step over γ+1 positions costs about one decode step, so speculation pays at any batch;
-on a CPU the forward's cost grows with the tokens it scores, and at large batches a speculative step
-costs more than the tokens its accepted drafts save (embedded model, 2-core CPU: 1.05x at batch 1,
-0.63x at batch 12). The policy keeps, per batch-size class (1, 2-3, 4-7, 8-15, ...) and mode, the median
-of the latest steps' wall times per sequence, and a moving average of tokens emitted per sequence per
-speculative step (which carries the measured acceptance), and picks the mode with the higher expected
-rate
+on a CPU the forward's cost grows with the tokens it scores, so whether it pays depends on the batch,
+the acceptance and the machine (embedded model on the shared 2-core CPU: between 0.6x and 1.1x of
+target-only at batch 12, depending on the run). The policy keeps, per batch-size class (1, 2-3, 4-7,
+8-15, ...) and mode, the median of the latest steps' costs per sequence, and a moving average of tokens
+emitted per sequence per speculative step (which carries the measured acceptance), and picks the mode
+with the higher expected rate
 
     speculative: tokens_per_seq / t_spec_per_seq(class)      target-only: 1 / t_target_per_seq(class)
 
