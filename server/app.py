@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -126,8 +127,9 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
         finally:
             state.close()
 
-    app = FastAPI(title="pcgtts", version="0.1.0", lifespan=lifespan,
-                  description=API_DESCRIPTION + "\n### WebSocket protocol\n\n" + ws.PROTOCOL)
+    # /docs and /redoc serve Swagger UI and ReDoc from the fastapi-offline wheel, not a CDN (air-gapped docs).
+    app = FastAPIOffline(title="pcgtts", version="0.1.0", lifespan=lifespan,
+                         description=API_DESCRIPTION + "\n### WebSocket protocol\n\n" + ws.PROTOCOL)
     app.state.pcgtts = state
     install_error_handlers(app)
 

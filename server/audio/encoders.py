@@ -3,12 +3,15 @@
 `make_encoder(fmt, sample_rate)` gives an `AudioEncoder`. Call `encode(chunk)` for every chunk and
 `finish()` once; each returns the bytes that can go to the client now. WAV uses one RIFF header whose
 size fields are 0xFFFFFFFF (the streaming convention OpenAI uses), unless the total length is known up
-front. mp3, Ogg Opus, AAC (ADTS) and FLAC come from the real ffmpeg encoders through PyAV, written to
-a non-seekable sink so that every muxed packet can leave at once.
+front. mp3, Ogg Opus, AAC (ADTS) and FLAC come from the real ffmpeg encoders through PyAV. Streamed, they
+are written to a non-seekable sink so that every muxed packet can leave at once; a whole file
+(`whole=True`) goes to a seekable buffer, so the muxer can go back and complete its header (FLAC's
+STREAMINFO gets the total sample count and the audio's MD5, which libsndfile needs).
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from abc import ABC, abstractmethod
 
@@ -101,10 +104,14 @@ _BIT_RATES = {"mp3": 64_000, "opus": 32_000, "aac": 64_000}
 
 
 class PyAVEncoder(AudioEncoder):
-    def __init__(self, fmt: str, sample_rate: int):
+    """whole: the bytes are sent only once `finish()` returns (a whole-file response), so the container is
+    written to a seekable buffer and its header rewritten at the end; else packets leave as muxed."""
+
+    def __init__(self, fmt: str, sample_rate: int, *, whole: bool = False):
         super().__init__(sample_rate)
         container, codec, container_opts, codec_opts = _AV_SPECS[fmt]
-        self._sink = _Sink()
+        self._whole = io.BytesIO() if whole else None
+        self._sink = self._whole if whole else _Sink()
         self._container = av.open(self._sink, mode="w", format=container, options=container_opts)
         self._stream = self._container.add_stream(codec, rate=sample_rate, options=codec_opts)
         self._stream.layout = "mono"
@@ -122,15 +129,15 @@ class PyAVEncoder(AudioEncoder):
             self._pts += audio.size
             for packet in self._stream.encode(frame):
                 self._container.mux(packet)
-        return self._sink.take()
+        return b"" if self._whole is not None else self._sink.take()
 
     def finish(self) -> bytes:
         if not self._closed:
             for packet in self._stream.encode(None):
                 self._container.mux(packet)
-            self._container.close()
+            self._container.close()  # seekable: the muxer rewrites the header here
             self._closed = True
-        return self._sink.take()
+        return self._whole.getvalue() if self._whole is not None else self._sink.take()
 
 
 def _pcm16_values(audio: np.ndarray) -> np.ndarray:
@@ -183,8 +190,10 @@ class G711Encoder(AudioEncoder):
         return b""
 
 
-def make_encoder(fmt: str, sample_rate: int, *, num_samples: int | None = None) -> AudioEncoder:
-    """An encoder for one response. `num_samples` (known length) only matters for WAV's header."""
+def make_encoder(fmt: str, sample_rate: int, *, num_samples: int | None = None,
+                 whole: bool = False) -> AudioEncoder:
+    """An encoder for one response. `num_samples` (known length) only matters for WAV's header; `whole`
+    (nothing is sent before `finish()`) lets the PyAV containers complete their headers."""
     if fmt == "pcm":
         return PCMEncoder(sample_rate)
     if fmt in ("ulaw", "alaw"):
@@ -192,5 +201,5 @@ def make_encoder(fmt: str, sample_rate: int, *, num_samples: int | None = None) 
     if fmt == "wav":
         return WavEncoder(sample_rate, num_samples)
     if fmt in _AV_SPECS:
-        return PyAVEncoder(fmt, sample_rate)
+        return PyAVEncoder(fmt, sample_rate, whole=whole)
     raise ValueError(f"unknown audio format {fmt!r}")

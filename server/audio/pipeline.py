@@ -31,14 +31,14 @@ class Resampler:
 
 class OutputPipeline:
     def __init__(self, fmt: str, in_rate: int, *, speed: float = 1.0, out_rate: int | None = None,
-                 num_samples: int | None = None):
+                 num_samples: int | None = None, whole: bool = False):
         """out_rate: default the format's own (`output_rate`). num_samples: the exact output length when
-        known in advance (only a whole-body WAV uses it)."""
+        known in advance (only a whole-body WAV uses it). whole: bytes are only sent after `finish()`."""
         self.format = fmt
         self.out_rate = out_rate = out_rate or output_rate(fmt)
         self._tempo = TempoStream(in_rate, speed) if abs(speed - 1.0) > 1e-6 else None
         self._resampler = Resampler(in_rate, out_rate)
-        self._encoder = make_encoder(fmt, out_rate, num_samples=num_samples)
+        self._encoder = make_encoder(fmt, out_rate, num_samples=num_samples, whole=whole)
         self.samples_out = 0  # at out_rate, after tempo
 
     def _emit(self, audio: np.ndarray) -> bytes:
@@ -63,12 +63,13 @@ class OutputPipeline:
 
 def encode_whole(fmt: str, audio: np.ndarray, in_rate: int, *, speed: float = 1.0,
                  out_rate: int | None = None) -> bytes:
-    """One-shot encoding of a whole utterance (non-streamed responses): exact WAV sizes."""
+    """One-shot encoding of a whole utterance (non-streamed responses): exact WAV sizes, complete FLAC
+    STREAMINFO (total samples, MD5)."""
     out_rate = out_rate or output_rate(fmt)
     if fmt == "wav":
         # Run tempo + resampling first to learn the exact length for the header.
         pcm = OutputPipeline("pcm", in_rate, speed=speed, out_rate=out_rate)
         body = pcm.process(audio) + pcm.finish()
         return wav_header(out_rate, len(body) // 2) + body
-    pipe = OutputPipeline(fmt, in_rate, speed=speed, out_rate=out_rate)
+    pipe = OutputPipeline(fmt, in_rate, speed=speed, out_rate=out_rate, whole=True)
     return pipe.process(audio) + pipe.finish()

@@ -21,19 +21,41 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def page(live_server):
+def browser():
     chromium = require_program("chromium")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
-        page = browser.new_page(viewport={"width": 1000, "height": 1100})
-        page.errors = []
-        page.on("pageerror", lambda exc: page.errors.append(str(exc)))
-        page.goto(live_server.url + "/")
-        page.wait_for_function("window.playground && window.playground.status === 'ready'", timeout=30_000)
-        yield page
+        yield browser
         browser.close()
+
+
+def new_page(browser, live_server, height: int = 1100):
+    """A page whose requests may only reach the live server: anything else is aborted and recorded, so a
+    page that needs the internet (a CDN) fails its test instead of passing on a connected machine."""
+    page = browser.new_page(viewport={"width": 1000, "height": height})
+    page.errors, page.offsite = [], []
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+
+    def only_local(route):
+        if route.request.url.startswith(live_server.url):
+            route.continue_()
+        else:
+            page.offsite.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_local)
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser, live_server):
+    page = new_page(browser, live_server)
+    page.goto(live_server.url + "/")
+    page.wait_for_function("window.playground && window.playground.status === 'ready'", timeout=30_000)
+    yield page
+    page.close()
 
 
 def speak_and_wait(page, text: str) -> dict:
@@ -85,3 +107,36 @@ def test_page_uploads_a_voice_and_speaks_with_it(page):
     stats = speak_and_wait(page, "Now with my uploaded voice.")
     assert stats["status"] == "done" and stats["receivedSamples"] > 4800
     assert page.errors == []
+
+
+def test_docs_render_with_no_network(browser, live_server):
+    """/docs loads Swagger UI from the server itself (the fastapi-offline wheel's assets), no CDN."""
+    page = new_page(browser, live_server)
+    page.goto(live_server.url + "/docs")
+    page.wait_for_selector(".swagger-ui .info .title", timeout=30_000)
+    assert page.inner_text(".swagger-ui .info .title").startswith("pcgtts")
+    # the operations, rendered from the server's openapi.json
+    page.wait_for_selector(".opblock-summary-path[data-path='/v1/audio/speech']", timeout=30_000)
+    assert page.offsite == [] and page.errors == []
+    page.close()
+
+
+DECODE_IN_BROWSER = """async ({fmt, stream}) => {
+  const response = await fetch("/v1/audio/speech", {method: "POST", headers: {"Content-Type": "application/json"},
+    body: JSON.stringify({model: "tts-1", voice: "alloy", input: "Decode me in the browser.", seed: 3,
+                          response_format: fmt, stream})});
+  const bytes = await response.arrayBuffer();
+  if (fmt === "pcm") return {samples: bytes.byteLength / 2};
+  const audio = await new OfflineAudioContext(1, 1, 24000).decodeAudioData(bytes);
+  return {samples: audio.length, rate: audio.sampleRate, chunked: response.headers.get("content-length") === null};
+}"""
+
+
+def test_chromium_decodes_streamed_and_whole_flac(page):
+    """A streamed FLAC (STREAMINFO without a length) and a whole one both decode to every sample in Chromium."""
+    pcm = page.evaluate(DECODE_IN_BROWSER, {"fmt": "pcm", "stream": True})["samples"]
+    streamed = page.evaluate(DECODE_IN_BROWSER, {"fmt": "flac", "stream": True})
+    whole = page.evaluate(DECODE_IN_BROWSER, {"fmt": "flac", "stream": False})
+    assert pcm > 4800
+    assert streamed["chunked"] and not whole["chunked"]
+    assert streamed["samples"] == whole["samples"] == pcm and streamed["rate"] == 24000

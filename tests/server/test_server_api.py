@@ -115,6 +115,23 @@ def test_whole_wav_has_exact_sizes(client, reference_pcm):
     assert abs((len(data) - 44) // 2 - reference_pcm.size) <= 1
 
 
+def test_whole_flac_has_a_complete_streaminfo_that_libsndfile_reads(client, reference_pcm):
+    """stream=false FLAC: total samples and MD5 filled in, so soundfile/libsndfile reads it whole."""
+    import hashlib
+
+    import soundfile as sf
+
+    response = client.audio.speech.create(model="tts-1", voice="alloy", input=TEXT, response_format="flac",
+                                          extra_body={**SEED, "stream": False})
+    data = response.read()
+    assert int(response.response.headers["content-length"]) == len(data)
+    info = sf.info(io.BytesIO(data))
+    assert info.samplerate == 24000 and abs(info.frames - reference_pcm.size) <= 1
+    audio, _ = sf.read(io.BytesIO(data), dtype="int16")
+    assert audio.size == info.frames
+    assert data[26:42] == hashlib.md5(audio.astype("<i2").tobytes()).digest()  # STREAMINFO's MD5
+
+
 def test_sse_events(client, reference_pcm):
     with client.audio.speech.with_streaming_response.create(
             model="gpt-4o-mini-tts", voice="alloy", input=TEXT, response_format="pcm", stream_format="sse",

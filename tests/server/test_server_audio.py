@@ -141,9 +141,30 @@ def test_uploads_decode_to_mono_float(container):
     assert decoded.duration == pytest.approx(1.2, abs=0.06)
 
 
-def test_streamed_flac_with_unknown_length_is_accepted():
-    decoded = decode_audio(encode_whole("flac", tone(1.0, RATE), RATE))
-    assert decoded.duration == pytest.approx(1.0, abs=0.01)
+def _streaminfo_total_samples(flac: bytes) -> int:
+    """The 36-bit total-samples field of STREAMINFO (the first metadata block after "fLaC")."""
+    assert flac[:4] == b"fLaC" and flac[4] & 0x7F == 0  # block type 0: STREAMINFO
+    return int.from_bytes(flac[18:26], "big") & ((1 << 36) - 1)
+
+
+def test_whole_flac_carries_total_samples_and_md5():
+    import hashlib
+
+    data = encode_whole("flac", tone(1.0, RATE), RATE)
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")  # libsndfile reads it whole
+    assert rate == 24000 and audio.size == 24000
+    assert _streaminfo_total_samples(data) == sf.info(io.BytesIO(data)).frames == 24000
+    assert data[26:42] == hashlib.md5(audio.astype("<i2").tobytes()).digest()
+
+
+def test_streamed_flac_with_unknown_length_decodes_in_ffmpeg_and_our_upload_path():
+    """A streamed FLAC's header goes out before its length is known: total samples 0 ("unknown", allowed by
+    the FLAC format). ffmpeg decodes it to the last sample; so does the server's own upload decoder."""
+    data = b"".join(_stream("flac", tone(1.0, RATE), 1600))
+    assert _streaminfo_total_samples(data) == 0
+    audio, rate = _decode_any(data)
+    assert rate == 24000 and audio.size == 24000
+    assert decode_audio(data).duration == pytest.approx(1.0, abs=0.01)
 
 
 @pytest.mark.parametrize("data", [b"", b"definitely not audio " * 50, b"RIFF\x00\x00\x00\x00WAVE"])
