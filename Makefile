@@ -2,16 +2,33 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+PYTHON ?= python3
+# The CPU build of torch (no CUDA libraries, ~200 MB instead of several GB). It is taken from the wheels pip
+# is already configured with (a local wheel folder or mirror in pip.conf) when they hold it, else from
+# PyTorch's CPU index (Linux wheels there are tagged +cpu; macOS wheels are CPU-only and untagged).
+# GPU: make install TORCH_INDEX=https://download.pytorch.org/whl/cu128 TORCH_LOCAL=+cu128
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_LOCAL ?= $(if $(filter Linux,$(shell uname -s)),+cpu,)
 
 .PHONY: install system-deps serve test lint check-deploy demo-model bench
 
 install: $(VENV)/.installed
 
+# First run: about 2 minutes and 1.8 GB in $(VENV) (most of it torch); one line per stage, pip's own progress.
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test]'
-	touch $@
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "pcgtts needs Python 3.11 or newer (found " + sys.version.split()[0] + "); run: make PYTHON=python3.11")'
+	@echo "==> [1/4] creating $(VENV) with $$($(PYTHON) --version)"
+	$(PYTHON) -m venv $(VENV)
+	@echo "==> [2/4] upgrading pip"
+	$(PIP) install --upgrade --progress-bar off pip
+	@echo "==> [3/4] torch $(TORCH_VERSION), CPU build (about 200 MB download, 1 GB installed)"
+	$(PIP) install --no-index --no-deps "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	  || $(PIP) install --extra-index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)$(TORCH_LOCAL)"
+	@echo "==> [4/4] pcgtts and its test dependencies (pip lists each package)"
+	$(PIP) install -e '.[test]'
+	@touch $@
+	@echo "==> installed into $(VENV); next: make serve (http://127.0.0.1:8000/) or make test"
 
 # Debian packages the browser and Prometheus tests use (CI installs them; needs root or sudo).
 system-deps:
