@@ -45,6 +45,7 @@ class SynthesisStats:
     generated_tokens: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    steps: int = 0  # engine steps that emitted tokens for this request (verify steps when speculating)
     audio_samples: int = 0
     sample_rate: int = 0
     sentences: int = 0
@@ -69,6 +70,11 @@ class SynthesisStats:
     @property
     def acceptance_rate(self) -> float | None:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
+
+    @property
+    def mean_accepted_len(self) -> float | None:
+        """Tokens emitted per engine step (1.0 target-only, up to γ+1 speculating), as in `pcgtts bench`."""
+        return self.generated_tokens / self.steps if self.steps else None
 
 
 def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) -> np.ndarray:
@@ -186,6 +192,7 @@ class Synthesis:
                     if delta.token_ids and st.first_token_s is None:
                         st.first_token_s = time.perf_counter() - st.started_at
                     st.generated_tokens += len(delta.token_ids)
+                    st.steps += bool(delta.token_ids)  # one delta per engine step
                     st.drafted_tokens += delta.num_drafted
                     st.accepted_tokens += delta.num_accepted
                     codes = svc.family.tokens_to_codes(delta.token_ids)

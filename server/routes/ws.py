@@ -29,47 +29,36 @@ from server.streaming import (
     synthesis_options,
     usage_of,
 )
+from server.ws_protocol import (
+    MAX_QUEUED,
+    AudioDone,
+    AudioProgress,
+    AudioStart,
+    ChunkAcceptance,
+    ErrorEvent,
+    Message,
+    SessionCreated,
+    SessionDone,
+    Usage,
+    event_json,
+    protocol_markdown,
+)
 
 router = APIRouter()
 log = logging.getLogger("pcgtts.server")
 
-PROTOCOL = """\
-`WS /v1/audio/speech/stream`. API key, if set, at the handshake (a bad one gets HTTP 401): the header
+HANDSHAKE = """\
+API key, if set, at the handshake (a bad one gets HTTP 401): the header
 `Authorization: Bearer KEY`, or from a browser the subprotocols `["pcgtts", "pcgtts.bearer.<base64url(KEY)>"]`
 (the server selects `pcgtts`); `?api_key=KEY` still works but puts the key in URLs. Browsers may connect
-from the server's own origin or one listed in `--cors-origins` (others get HTTP 403).
-
-Client -> server, JSON text messages:
-* `{"type": "session.config", ...}`: `voice`, `speed`, `sample_rate` (8000-48000, default 24000) and the
-  speech extensions (`seed`, `temperature`, `acceptance`, `ref_audio`/`ref_text`, ...); applies to
-  utterances started after it
-* `{"type": "input.text", "text": "..."}`: appends to the pending utterance
-* `{"type": "input.done"}`: speaks the pending text (queued behind a running utterance; at most
-  8 waiting per connection, more get an error)
-* `{"type": "input.cancel"}`: aborts the running utterance and drops queued ones
-* `{"type": "session.close"}`: finishes queued utterances, then closes
-
-Server -> client:
-* `{"type": "session.created", "format": "pcm", "sample_rate", "model"}`
-* `{"type": "audio.start", "utterance_id", "format": "pcm", "sample_rate", "channels": 1}`
-* binary frames: 16-bit little-endian mono PCM at `sample_rate`
-* `{"type": "audio.progress", "utterance_id", "samples", "tokens", "drafted", "accepted", "acceptance_rate"}`
-* `{"type": "audio.done", "utterance_id", "total_bytes", "audio_seconds", "ttfa_ms", "usage", "drafted",
-  "accepted", "acceptance_rate", "finish_reason", "cancelled"}`
-* `{"type": "error", "utterance_id"?, "error": {"message", "type", "param", "code"}}`
-* `{"type": "session.done"}` (with `"reason": "server_shutdown"` when the server drains for shutdown: it
-  finishes queued utterances within its drain deadline, cuts what is left with `audio.done`
-  `"cancelled": true, "reason": "server_shutdown"`, then closes with 1001)
-
-Closing the socket aborts the running utterance at once and frees its KV cache.
-"""
-
-
-MAX_QUEUED = 8  # utterances waiting behind the running one, per connection
+from the server's own origin or one listed in `--cors-origins` (others get HTTP 403)."""
 _DRAIN = object()  # queue marker: the server is draining; close after what is queued
 
 
 class SessionConfig(SamplingFields):
+    """Applies to utterances started after it: the speech request's fields, with `sample_rate` (8000-48000,
+    default 24000) for the binary frames."""
+
     model_config = ConfigDict(extra="forbid")
     type: Literal["session.config"] = "session.config"
     model: str | None = None
@@ -78,6 +67,9 @@ class SessionConfig(SamplingFields):
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
     instructions: str | None = None
+
+
+PROTOCOL = protocol_markdown(SessionConfig, HANDSHAKE)  # /docs shows it; the README holds the same text
 
 
 class Session:
@@ -95,19 +87,19 @@ class Session:
         async with self._send_lock:
             await self.ws.send_text(json.dumps(payload, separators=(",", ":")))
 
+    async def send_event(self, event: Message) -> None:
+        await self.send_json(event_json(event))
+
     async def send_bytes(self, data: bytes) -> None:
         async with self._send_lock:
             await self.ws.send_bytes(data)
 
     async def send_error(self, err: APIError, utterance_id: int | None = None) -> None:
-        payload = {"type": "error", **err.body()}
-        if utterance_id is not None:
-            payload["utterance_id"] = utterance_id
-        await self.send_json(payload)
+        await self.send_event(ErrorEvent(utterance_id=utterance_id, **err.body()))
 
     async def run(self) -> None:
-        await self.send_json({"type": "session.created", "format": "pcm",
-                              "sample_rate": self.config.sample_rate, "model": self.state.model_name})
+        await self.send_event(SessionCreated(sample_rate=self.config.sample_rate,
+                                             model=self.state.model_name))
         worker = asyncio.create_task(self._work())
         unregister = self.state.drain.on_start(lambda: self.queue.put_nowait(_DRAIN))
         try:
@@ -121,7 +113,7 @@ class Session:
                 if await self._handle(message["text"]):
                     await self.queue.put(None)  # session.close: finish the queue, then stop
                     await worker
-                    await self.send_json({"type": "session.done"})
+                    await self.send_event(SessionDone())
                     await self.ws.close()
                     return
         except (WebSocketDisconnect, RuntimeError):  # RuntimeError: the worker closed it (drain)
@@ -189,27 +181,26 @@ class Session:
                 return
             uid, text, config = item
             if self.state.drain.cut.is_set():
-                await self.send_json({"type": "audio.done", "utterance_id": uid, "cancelled": True,
-                                      "reason": SHUTDOWN_REASON, "finish_reason": "abort"})
+                await self.send_event(_empty_done(uid).model_copy(
+                    update={"cancelled": True, "reason": SHUTDOWN_REASON, "finish_reason": "abort"}))
                 continue
-            progress: dict = {}
-            self.current = asyncio.create_task(self._speak(uid, text, config, progress))
+            done = _empty_done(uid)  # kept up to date by _speak, so that a cancelled one is complete too
+            self.current = asyncio.create_task(self._speak(uid, text, config, done))
             await asyncio.wait({self.current})
             cancelled = self.current.cancelled()
             if not cancelled and self.current.exception() is not None:  # e.g. the socket closed mid-send
                 log.debug("utterance %d ended: %r", uid, self.current.exception())
             self.current = None
             if cancelled:
-                await self.send_json({**progress, "type": "audio.done", "utterance_id": uid,
-                                      "cancelled": True})
+                await self.send_event(done.model_copy(update={"cancelled": True, "finish_reason": "abort"}))
 
     async def _close_for_drain(self) -> None:
         """Everything queued before the drain has been spoken (or cut at its deadline): say so and close."""
         with contextlib.suppress(Exception):
-            await self.send_json({"type": "session.done", "reason": SHUTDOWN_REASON})
+            await self.send_event(SessionDone(reason=SHUTDOWN_REASON))
             await self.ws.close(code=1001, reason="server shutting down")
 
-    async def _speak(self, uid: int, text: str, config: SessionConfig, progress: dict) -> None:
+    async def _speak(self, uid: int, text: str, config: SessionConfig, done: AudioDone) -> None:
         state = self.state
         received = time.perf_counter()
         try:
@@ -223,8 +214,8 @@ class Session:
         run = SpeechRun(state.metrics, "pcm", "websocket", received)
         pipeline = OutputPipeline("pcm", synth.sample_rate, speed=config.speed, out_rate=config.sample_rate)
         status, total, reason = "aborted", 0, None
-        await self.send_json({"type": "audio.start", "utterance_id": uid, "format": "pcm",
-                              "sample_rate": config.sample_rate, "channels": 1})
+        trace = _Trace()
+        await self.send_event(AudioStart(utterance_id=uid, sample_rate=config.sample_rate))
         try:
             async for chunk in until_cut(synth, state.drain):
                 before = pipeline.audio_seconds
@@ -233,8 +224,8 @@ class Session:
                     await self.send_bytes(data)
                     total += len(data)
                     run.sent_audio(pipeline.audio_seconds - before)
-                    progress.update(self._progress(uid, synth, total))
-                    await self.send_json({"type": "audio.progress", **progress})
+                    _update_done(done, synth, total, pipeline, run)
+                    await self.send_event(AudioProgress(**_totals(done), chunk=trace.chunk(synth.stats)))
             if data := pipeline.finish():
                 await self.send_bytes(data)
                 total += len(data)
@@ -247,21 +238,55 @@ class Session:
         finally:
             await close_quietly(synth)
             run.finish(synth, status, pipeline.audio_seconds)
-        st = synth.stats
-        await self.send_json({
-            **self._progress(uid, synth, total), "type": "audio.done", "total_bytes": total,
-            "audio_seconds": round(pipeline.audio_seconds, 4), "usage": usage_of(synth),
-            "ttfa_ms": None if run.outcome.ttfa_s is None else round(run.outcome.ttfa_s * 1000, 1),
-            "finish_reason": {"ok": st.finish_reason, "error": "error"}.get(status, "abort"),
-            "cancelled": reason is not None, **({"reason": reason} if reason else {})})
+            _update_done(done, synth, total, pipeline, run)  # also when cancelled: _work sends it then
+        done.finish_reason = {"ok": synth.stats.finish_reason, "error": "error"}.get(status, "abort")
+        done.cancelled, done.reason = reason is not None, reason
+        await self.send_event(done)
 
-    @staticmethod
-    def _progress(uid: int, synth, total_bytes: int) -> dict:
-        st = synth.stats
-        rate = st.acceptance_rate
-        return {"type": "audio.progress", "utterance_id": uid, "samples": total_bytes // 2,
-                "tokens": st.generated_tokens, "drafted": st.drafted_tokens, "accepted": st.accepted_tokens,
-                "acceptance_rate": None if rate is None else round(rate, 4)}
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _empty_done(uid: int) -> AudioDone:
+    """An utterance's audio.done before anything was generated."""
+    return AudioDone(utterance_id=uid, samples=0, tokens=0, steps=0, drafted=0, accepted=0,
+                     acceptance_rate=None, mean_accepted_len=None, total_bytes=0, audio_seconds=0.0,
+                     ttfa_ms=None, usage=Usage(input_tokens=0, output_tokens=0, total_tokens=0),
+                     finish_reason=None, cancelled=False)
+
+
+def _update_done(done: AudioDone, synth, total_bytes: int, pipeline: OutputPipeline, run: SpeechRun) -> None:
+    """Brings the utterance's audio.done up to date with what has been generated and sent so far."""
+    st = synth.stats
+    ttfa_s = run.outcome.ttfa_s
+    now = dict(samples=total_bytes // 2, tokens=st.generated_tokens, steps=st.steps,
+               drafted=st.drafted_tokens, accepted=st.accepted_tokens,
+               acceptance_rate=_round(st.acceptance_rate),
+               mean_accepted_len=_round(st.mean_accepted_len), total_bytes=total_bytes,
+               audio_seconds=round(pipeline.audio_seconds, 4), usage=Usage(**usage_of(synth)),
+               ttfa_ms=None if ttfa_s is None else round(ttfa_s * 1000, 1), finish_reason=st.finish_reason)
+    for name, value in now.items():
+        setattr(done, name, value)
+
+
+def _totals(done: AudioDone) -> dict:
+    """The running counters an audio.progress repeats from the utterance's audio.done."""
+    return done.model_dump(include={"utterance_id", "samples", "tokens", "steps", "drafted", "accepted",
+                                    "acceptance_rate", "mean_accepted_len"})
+
+
+class _Trace:
+    """Per-chunk acceptance: the counters' growth since the previous audio.progress."""
+
+    def __init__(self):
+        self._last = (0, 0, 0, 0)
+
+    def chunk(self, st) -> ChunkAcceptance:
+        now = (st.generated_tokens, st.steps, st.drafted_tokens, st.accepted_tokens)
+        tokens, steps, drafted, accepted = (a - b for a, b in zip(now, self._last, strict=True))
+        self._last = now
+        return ChunkAcceptance(tokens=tokens, steps=steps, drafted=drafted, accepted=accepted)
 
 
 async def _deny(websocket: WebSocket, err: APIError) -> None:

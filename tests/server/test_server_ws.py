@@ -10,6 +10,8 @@ import pytest
 from server_support import wait_idle, wait_running
 from websockets.sync.client import connect
 
+from server.ws_protocol import AudioDone, AudioProgress, parse_server_event
+
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
              "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?") * 2
 
@@ -24,6 +26,8 @@ def collect_until_done(ws, count: int = 1, timeout: float = 120) -> list:
     while done < count:
         message = ws.recv(timeout=timeout)
         item = message if isinstance(message, bytes) else json.loads(message)
+        if isinstance(item, dict):
+            parse_server_event(item)  # every event is one of the protocol's (server/ws_protocol.py)
         out.append(item)
         if isinstance(item, dict) and item["type"] == "audio.done":
             done += 1
@@ -93,15 +97,19 @@ def test_cancel_stops_the_utterance_and_the_session_goes_on(live_server, tts_ser
     with connect(ws_url(live_server)) as ws:
         ws.recv(timeout=10)
         speak(ws, LONG_TEXT)
-        while not isinstance(ws.recv(timeout=60), bytes):
+        while not isinstance(first := ws.recv(timeout=60), bytes):
             pass
         ws.send(json.dumps({"type": "input.cancel"}))
-        done = None
-        while done is None:
-            message = ws.recv(timeout=30)
-            if isinstance(message, str) and json.loads(message)["type"] == "audio.done":
-                done = json.loads(message)
-        assert done["cancelled"] is True
+        messages = collect_until_done(ws)
+        done = messages[-1]
+        # A cancelled audio.done has every field a finished one has (the protocol model validates that).
+        assert isinstance(parse_server_event(done), AudioDone)
+        assert done["cancelled"] is True and done["finish_reason"] == "abort"
+        assert done["ttfa_ms"] > 0 and done["audio_seconds"] > 0 and done["usage"]["output_tokens"] > 0
+        frames = [first] + [m for m in messages if isinstance(m, bytes)]
+        # A frame in flight when the cancel landed may be sent without being counted.
+        assert 0 <= sum(map(len, frames)) - done["total_bytes"] <= max(map(len, frames))
+        assert done["total_bytes"] == 2 * done["samples"]
         assert wait_idle(tts_service) < 2.0
         speak(ws, "After the cancel.")
         last = collect_until_done(ws)[-1]
@@ -134,3 +142,39 @@ def test_unknown_voice_is_an_error_event(live_server):
         event = json.loads(ws.recv(timeout=30))
         assert event["type"] == "error" and event["error"]["code"] == "voice_not_found"
         assert event["utterance_id"] == 1
+
+
+def test_progress_events_trace_acceptance_per_chunk(live_server):
+    """audio.progress carries what speculation did for each chunk (the live acceptance trace): the chunks
+    add up to the running totals, and mean_accepted_len is tokens per engine step."""
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        ws.send(json.dumps({"type": "session.config", "seed": 5, "acceptance": "pcg"}))
+        speak(ws, "Tracing acceptance, one chunk at a time.")
+        messages = collect_until_done(ws)
+    gamma = live_server.state.service.engine_gamma
+    progress = [parse_server_event(m) for m in messages
+                if isinstance(m, dict) and m["type"] == "audio.progress"]
+    assert len(progress) >= 2 and all(isinstance(p, AudioProgress) for p in progress)
+    sums = {"tokens": 0, "steps": 0, "drafted": 0, "accepted": 0}
+    for event in progress:
+        for name in sums:
+            sums[name] += getattr(event.chunk, name)
+            assert sums[name] == getattr(event, name)  # cumulative totals = the sum of the chunks so far
+        assert 0 <= event.chunk.accepted <= event.chunk.drafted <= gamma * event.chunk.steps
+        assert event.mean_accepted_len == pytest.approx(event.tokens / event.steps, abs=1e-4)
+        assert 1.0 <= event.mean_accepted_len <= gamma + 1
+    assert sums["drafted"] > 0
+    done = messages[-1]
+    assert done["steps"] >= progress[-1].steps and done["tokens"] >= progress[-1].tokens
+
+
+def test_readme_documents_the_protocol_the_server_speaks():
+    """The README's WebSocket section is the text generated from server/ws_protocol.py (one source)."""
+    from pathlib import Path
+
+    from server.routes.ws import PROTOCOL
+
+    root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+    readme = (root / "README.md").read_text()
+    assert PROTOCOL in readme
