@@ -7,6 +7,8 @@ const $ = (id) => document.getElementById(id);
 const stats = window.playground = {
   status: "idle", receivedSamples: 0, scheduledSamples: 0, audioSeconds: 0, ttfaMs: null,
   acceptanceRate: null, tokens: 0, underruns: 0, utterancesDone: 0, sampleRate: null, errors: [],
+  trace: [], meanAcceptedLen: null,  // per-chunk acceptance (audio.progress `chunk`) of the current utterance
+  maxGamma: null, modelCard: null,  // from GET /v1/models
   // Seconds of the current utterance the audio clock has already played (reads the AudioContext).
   get playedSeconds() { return player ? player.playedSeconds() : 0; },
   get contextState() { return player ? player.ctx.state : "none"; },
@@ -40,6 +42,9 @@ async function loadRules() {
   const response = await fetch("/v1/models", { headers: authHeaders() });
   if (!response.ok) return;
   const model = (await response.json()).data[0];
+  stats.maxGamma = (model.pcgtts && model.pcgtts.num_speculative_tokens) || 0;
+  stats.modelCard = model.pcgtts || {};
+  document.dispatchEvent(new CustomEvent("playground:model", { detail: stats.modelCard }));
   for (const rule of (model.pcgtts && model.pcgtts.acceptance_rules) || []) {
     $("acceptance").append(new Option(rule, rule));
   }
@@ -58,6 +63,70 @@ $("upload").addEventListener("submit", async (event) => {
   $("upload-status").textContent = `uploaded “${voice.name}”`;
   await loadVoices(voice.id);
 });
+
+// ----------------------------------------------------------------------------------------------- charts
+const COLORS = { drafted: "rgba(59, 111, 214, 0.28)", accepted: "#3b6fd6", mean: "#e07a1f", wave: "#3b6fd6",
+                 text: "#888" };
+
+// Per-chunk acceptance as bars (drafted light, accepted dark, scaled to the largest chunk) and the running
+// mean accepted length (tokens per verify step) as a line on a 1..γ+1 scale. minSlots: bar positions drawn
+// before the chart starts to compress (a live trace grows into them).
+function drawTrace(canvas, chunks, gamma, minSlots = 24) {
+  const g = canvas.getContext("2d");
+  const { width: w, height: h } = canvas;
+  g.clearRect(0, 0, w, h);
+  g.font = "11px system-ui, sans-serif";
+  if (!chunks.length) return;
+  const drafted = chunks.reduce((sum, c) => sum + c.drafted, 0);
+  if (!drafted) {
+    g.fillStyle = COLORS.text;
+    g.fillText("no draft tokens: target-only decoding", 8, h / 2);
+    return;
+  }
+  const slots = Math.max(chunks.length, minSlots);
+  const bar = w / slots;
+  const top = Math.max(...chunks.map((c) => c.drafted), 1);
+  chunks.forEach((c, i) => {
+    const x = i * bar + 1;
+    const hd = (h - 14) * c.drafted / top;
+    const ha = (h - 14) * c.accepted / top;
+    g.fillStyle = COLORS.drafted; g.fillRect(x, h - hd, Math.max(bar - 2, 1), hd);
+    g.fillStyle = COLORS.accepted; g.fillRect(x, h - ha, Math.max(bar - 2, 1), ha);
+  });
+  const span = Math.max(gamma || 1, 1);  // mean accepted length lies in [1, γ+1]
+  let tokens = 0, steps = 0;
+  g.strokeStyle = COLORS.mean; g.lineWidth = 2; g.beginPath();
+  chunks.forEach((c, i) => {
+    tokens += c.tokens; steps += c.steps;
+    const mean = steps ? tokens / steps : 1;
+    const y = h - 2 - (h - 16) * (mean - 1) / span;
+    const x = i * bar + bar / 2;
+    if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
+  });
+  g.stroke();
+  g.fillStyle = COLORS.mean;
+  g.fillText(`mean accepted length ${(tokens / Math.max(steps, 1)).toFixed(2)} (1 … ${span + 1})`, 6, 11);
+}
+
+// A waveform: the min and max sample of each pixel column.
+function drawWave(canvas, pcm) {
+  const g = canvas.getContext("2d");
+  const { width: w, height: h } = canvas;
+  g.clearRect(0, 0, w, h);
+  if (!pcm.length) return;
+  g.fillStyle = COLORS.wave;
+  const per = pcm.length / w;
+  for (let x = 0; x < w; x++) {
+    let lo = 0, hi = 0;
+    for (let i = Math.floor(x * per); i < Math.min(pcm.length, Math.floor((x + 1) * per)); i++) {
+      if (pcm[i] < lo) lo = pcm[i];
+      if (pcm[i] > hi) hi = pcm[i];
+    }
+    const y0 = h / 2 - (hi / 32768) * (h / 2);
+    const y1 = h / 2 - (lo / 32768) * (h / 2);
+    g.fillRect(x, y0, 1, Math.max(y1 - y0, 1));
+  }
+}
 
 // ---------------------------------------------------------------------------------------------- player
 // Chunks are scheduled back to back on the AudioContext clock, so consecutive chunks join sample-exactly.
@@ -160,6 +229,12 @@ function onMessage(event) {
     $("tokens").textContent = String(stats.tokens);
     $("acceptance-rate").textContent =
       stats.acceptanceRate == null ? "n/a (no draft)" : `${(100 * stats.acceptanceRate).toFixed(1)} %`;
+    stats.meanAcceptedLen = message.mean_accepted_len ?? stats.meanAcceptedLen;
+    $("mean-accepted-len").textContent = stats.meanAcceptedLen == null ? "–" : stats.meanAcceptedLen.toFixed(2);
+  }
+  if (message.type === "audio.progress") {
+    stats.trace.push(message.chunk);
+    drawTrace($("trace"), stats.trace, stats.maxGamma);
   }
   if (message.type === "audio.done") {
     stats.utterancesDone += 1;
@@ -175,7 +250,8 @@ function onMessage(event) {
 }
 
 function sessionConfig() {
-  const config = { type: "session.config", sample_rate: player.rate, speed: Number($("speed").value) || 1 };
+  const config = { type: "session.config", sample_rate: player ? player.rate : 24000,
+                   speed: Number($("speed").value) || 1 };
   const option = $("voice").selectedOptions[0];
   if (option) config.voice = option.dataset.kind === "uploaded" ? { id: option.value } : option.value;
   if ($("temperature").value !== "") config.temperature = Number($("temperature").value);
@@ -193,7 +269,8 @@ $("speak").addEventListener("click", async () => {
   player.stop();
   stats.sampleRate = player.rate;
   Object.assign(stats, { receivedSamples: 0, scheduledSamples: 0, audioSeconds: 0, ttfaMs: null, underruns: 0,
-                         acceptanceRate: null, tokens: 0 });
+                         acceptanceRate: null, tokens: 0, trace: [], meanAcceptedLen: null });
+  drawTrace($("trace"), [], stats.maxGamma);
   $("ttfa").textContent = "…";
   $("speak").disabled = true;
   $("stop").disabled = false;

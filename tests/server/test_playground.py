@@ -66,6 +66,16 @@ def speak_and_wait(page, text: str) -> dict:
     return page.evaluate("window.playground")
 
 
+def painted_pixels(page, selector: str) -> int:
+    """How many pixels of a canvas have been drawn on (alpha > 0)."""
+    return page.eval_on_selector(selector, """canvas => {
+      const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+      let n = 0;
+      for (let i = 3; i < data.length; i += 4) if (data[i] > 0) n++;
+      return n;
+    }""")
+
+
 def test_page_streams_and_plays_a_chosen_voice(page):
     options = page.locator("#voice option")
     assert options.count() >= 1
@@ -87,6 +97,14 @@ def test_page_streams_and_plays_a_chosen_voice(page):
     shown = page.inner_text("#received-samples").replace(",", "")
     assert int(shown) == stats["receivedSamples"]
     assert page.inner_text("#ttfa").endswith("ms") and page.inner_text("#acceptance-rate").endswith("%")
+    # The live acceptance trace: one entry per audio.progress, drawn as it arrived.
+    trace = stats["trace"]
+    assert len(trace) >= 2 and sum(c["drafted"] for c in trace) > 0
+    assert all(0 <= c["accepted"] <= c["drafted"] for c in trace)
+    mean = sum(c["tokens"] for c in trace) / sum(c["steps"] for c in trace)
+    assert 1.0 <= mean <= stats["maxGamma"] + 1
+    assert abs(float(page.inner_text("#mean-accepted-len")) - stats["meanAcceptedLen"]) < 0.01
+    assert painted_pixels(page, "#trace") > 200
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
     assert page.errors == []
@@ -122,21 +140,63 @@ def test_docs_render_with_no_network(browser, live_server):
 
 
 DECODE_IN_BROWSER = """async ({fmt, stream}) => {
-  const response = await fetch("/v1/audio/speech", {method: "POST", headers: {"Content-Type": "application/json"},
+  const response = await fetch("/v1/audio/speech", {method: "POST",
+    headers: {"Content-Type": "application/json"},
     body: JSON.stringify({model: "tts-1", voice: "alloy", input: "Decode me in the browser.", seed: 3,
                           response_format: fmt, stream})});
   const bytes = await response.arrayBuffer();
   if (fmt === "pcm") return {samples: bytes.byteLength / 2};
   const audio = await new OfflineAudioContext(1, 1, 24000).decodeAudioData(bytes);
-  return {samples: audio.length, rate: audio.sampleRate, chunked: response.headers.get("content-length") === null};
+  const chunked = response.headers.get("content-length") === null;
+  return {samples: audio.length, rate: audio.sampleRate, chunked};
 }"""
 
 
 def test_chromium_decodes_streamed_and_whole_flac(page):
-    """A streamed FLAC (STREAMINFO without a length) and a whole one both decode to every sample in Chromium."""
+    """A streamed FLAC (STREAMINFO without a length) and a whole one decode to every sample in Chromium."""
     pcm = page.evaluate(DECODE_IN_BROWSER, {"fmt": "pcm", "stream": True})["samples"]
     streamed = page.evaluate(DECODE_IN_BROWSER, {"fmt": "flac", "stream": True})
     whole = page.evaluate(DECODE_IN_BROWSER, {"fmt": "flac", "stream": False})
     assert pcm > 4800
     assert streamed["chunked"] and not whole["chunked"]
     assert streamed["samples"] == whole["samples"] == pcm and streamed["rate"] == 24000
+
+
+def test_ab_mode_speaks_both_settings_and_plays_either(browser, live_server):
+    """A/B: the same text, voice and seed under exact and PCG verification; each side shows its waveform,
+    trace, TTFA, tokens/s and acceptance, and plays on a click. Screenshot: artifacts/playground-ab.png."""
+    page = new_page(browser, live_server, height=1500)
+    page.goto(live_server.url + "/")
+    page.wait_for_function("window.playground && window.playground.status === 'ready'", timeout=30_000)
+    page.fill("#text", "Compare the two settings, side by side.")
+    page.fill("#seed", "4")
+    page.select_option("#ab-a-acceptance", "exact")
+    page.select_option("#ab-b-acceptance", "pcg")
+    page.click("#ab-run")
+    page.wait_for_function("['done'].includes(window.playground.ab.status) || "
+                           "window.playground.ab.status.startsWith('error')", timeout=240_000)
+    ab = page.evaluate("""() => Object.fromEntries(["A", "B"].map(side => {
+      const r = window.playground.ab[side];
+      return [side, {samples: r.pcm.length, ttfaMs: r.ttfaMs, tokensPerSecond: r.tokensPerSecond,
+                     done: r.done, chunks: r.trace.length, config: r.config}];
+    }))""")
+    assert page.evaluate("window.playground.ab.status") == "done"
+    for side, rule in (("A", "exact"), ("B", "pcg")):
+        r = ab[side]
+        assert r["config"]["acceptance"] == rule and r["config"]["seed"] == 4
+        assert r["samples"] > 4800 and r["samples"] == r["done"]["samples"]
+        assert r["ttfaMs"] > 0 and r["tokensPerSecond"] > 0 and r["chunks"] >= 1
+        assert 0 <= r["done"]["acceptance_rate"] <= 1 and r["done"]["drafted"] > 0
+        assert painted_pixels(page, f"#ab-{side.lower()}-wave") > 200
+        assert painted_pixels(page, f"#ab-{side.lower()}-trace") > 50
+        shown = page.inner_text(f"#ab-{side.lower()}-stats dd[data-key='acceptance rate']")
+        assert shown == f"{100 * r['done']['acceptance_rate']:.1f} %"
+    page.click("#ab-b-play")
+    page.wait_for_function("window.playground.ab.playing === 'B' && window.playground.ab.playedSeconds > 0.2",
+                           timeout=30_000)
+    page.click("#ab-a-play")  # one click switches to the other side
+    page.wait_for_function("window.playground.ab.playing === 'A'", timeout=10_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "playground-ab.png"), full_page=True)
+    assert page.errors == [] and page.offsite == []
+    page.close()
