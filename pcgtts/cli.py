@@ -9,7 +9,7 @@ import sys
 # subcommand -> module exposing `register(subparsers)`, which adds a parser whose `func(args)` runs it.
 SUBCOMMANDS = {
     "serve": "server.cli",
-    "synth": "tts.cli",
+    "synth": "server.synth_cli",
     "asg": "asg_tables.cli",
     "bench": "bench.cli",
     "recipe": "recipes.cli",

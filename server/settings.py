@@ -112,8 +112,11 @@ def _field_type(f) -> type:
     return {"int": int, "float": float}.get(text.split(" ")[0].split("|")[0].strip(), str)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One --flag per setting (only: the names of those to add; default all)."""
     for f in fields(ServerSettings):
+        if only is not None and f.name not in only:
+            continue
         default = f.default_factory() if f.default_factory is not MISSING else f.default
         shown = "" if default is None else f", default {default}"
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_field_type(f), default=None,

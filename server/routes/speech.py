@@ -137,6 +137,9 @@ async def _whole(body: SpeechRequest, request: Request, synth, first, run: Speec
     seconds = audio.size / rate / body.speed
     run.sent_audio(0.0)
     run.finish(synth, "ok", seconds)
-    usage = usage_of(synth)
-    headers = {f"x-pcgtts-{k.replace('_', '-')}": str(v) for k, v in usage.items()}
+    st = synth.stats
+    facts = {**usage_of(synth), "audio_seconds": round(seconds, 3), "drafted_tokens": st.drafted_tokens,
+             "accepted_tokens": st.accepted_tokens, "acceptance_rate": st.acceptance_rate}
+    headers = {f"x-pcgtts-{k.replace('_', '-')}": str(v if not isinstance(v, float) else round(v, 4))
+               for k, v in facts.items() if v is not None}
     return Response(data, media_type=content_type(body.response_format), headers=headers)
