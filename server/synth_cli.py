@@ -63,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
                      f"{', '.join(FORMATS_BY_EXTENSION)} or --format", EXIT_BAD_INPUT)
     from fastapi.testclient import TestClient
 
-    from tts import TTSService
     from server.app import create_app
     from server.cli import set_torch_threads
     from server.settings import settings_from
     from server.state import tts_config
+    from tts import TTSService
 
     settings = settings_from(args)
     set_torch_threads(settings)
