@@ -8,6 +8,18 @@ const ab = stats.ab = { status: "idle", A: null, B: null, playing: null };
 let abContext = null;
 let abSource = null;
 
+// Side A and side B from the page's one template: each part gets the id ab-<side>-<part>.
+for (const side of ["A", "B"]) {
+  const node = $("ab-side-template").content.firstElementChild.cloneNode(true);
+  node.dataset.side = side;
+  node.querySelector("h3").textContent = side;
+  for (const part of node.querySelectorAll("[data-part]")) part.id = `ab-${side.toLowerCase()}-${part.dataset.part}`;
+  node.querySelector("[data-part=play]").textContent = `▶ Play ${side}`;
+  node.querySelector("[data-part=wave]").setAttribute("aria-label", `waveform ${side}`);
+  node.querySelector("[data-part=trace]").setAttribute("aria-label", `acceptance trace ${side}`);
+  $("ab-grid").append(node);
+}
+
 function sideIds(side) {
   const p = `ab-${side.toLowerCase()}`;
   return { acceptance: `${p}-acceptance`, table: `${p}-asg-table`, gamma: `${p}-gamma`, wave: `${p}-wave`,
@@ -144,5 +156,4 @@ function playSide(side) {
 Object.defineProperty(ab, "playedSeconds", {
   get() { return abContext && ab.playing ? abContext.currentTime - ab.playStartedAt : 0; },
 });
-$("ab-a-play").addEventListener("click", () => playSide("A"));
-$("ab-b-play").addEventListener("click", () => playSide("B"));
+for (const side of ["A", "B"]) $(sideIds(side).play).addEventListener("click", () => playSide(side));
