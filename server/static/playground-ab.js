@@ -1,7 +1,7 @@
 // pcgtts playground, A/B mode: the same text, voice and seed spoken under two settings (acceptance rule,
 // ASG table θ, draft length γ), one after the other, each on its own WebSocket session. Shows each side's
 // waveform, acceptance trace, time to first audio, tokens/s and acceptance, and plays either on a click.
-// Uses the helpers of playground.js ($, stats, authHeaders, socketUrl, sessionConfig, drawTrace, drawWave).
+// Uses the helpers of playground.js ($, stats, socketUrl, socketProtocols, sessionConfig, drawTrace, drawWave).
 "use strict";
 
 const ab = stats.ab = { status: "idle", A: null, B: null, playing: null };
@@ -55,7 +55,7 @@ function sideConfig(side) {
 // One utterance on a fresh session: resolves with its PCM, acceptance trace and timings.
 function runSide(config, text) {
   return new Promise((resolve, reject) => {
-    const ws = new WebSocket(socketUrl());
+    const ws = new WebSocket(socketUrl(), socketProtocols());  // the API key travels as a subprotocol
     ws.binaryType = "arraybuffer";
     const parts = [];
     const trace = [];
