@@ -11,7 +11,7 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_LOCAL ?= $(if $(filter Linux,$(shell uname -s)),+cpu,)
 
-.PHONY: install system-deps serve test lint check-deploy demo-model bench
+.PHONY: install install-xcodec2 system-deps serve test lint check-deploy demo-model bench
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,15 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 	@echo "==> installed into $(VENV); next: make serve (http://127.0.0.1:8000/) or make test"
 
+# The optional X-codec2 codec (real Llasa checkpoints): its dependencies from the `xcodec2` extra, then the
+# package itself without its torch==2.5.0 / torchaudio==2.5.0 pins (hash-pinned sdist; about 15 s).
+install-xcodec2: $(VENV)/.installed-xcodec2
+
+$(VENV)/.installed-xcodec2: $(VENV)/.installed engine/codec/xcodec2/requirements.txt
+	$(PIP) install --quiet -e '.[test,xcodec2]'
+	$(PIP) install --quiet --no-deps --require-hashes -r engine/codec/xcodec2/requirements.txt
+	touch $@
+
 # Debian packages the browser and Prometheus tests use (CI installs them; needs root or sudo).
 system-deps:
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -38,7 +47,7 @@ system-deps:
 serve: install
 	$(VENV)/bin/pcgtts serve
 
-test: install check-deploy
+test: install install-xcodec2 check-deploy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -ra
 

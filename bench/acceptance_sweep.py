@@ -193,10 +193,11 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
     bundle = ModelBundle.from_dir(model_dir)
     family = bundle.load_family()
     texts = SENTENCES[:6] if quick else SENTENCES
-    voices = sorted(family.voices)
+    presets = getattr(family, "voices", {})  # Llasa checkpoints have none: prompts without a voice
+    voices = sorted(presets)
     prompts, params = [], []
     for i, text in enumerate(texts):
-        prompt = family.build_prompt(text, family.voices[voices[i % len(voices)]] if voices else None)
+        prompt = family.build_prompt(text, presets[voices[i % len(voices)]] if voices else None)
         prompts.append(prompt.token_ids)
         params.append(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, max_tokens=max_tokens,
                                      stop_token_ids=prompt.stop_token_ids, seed=seed + i,

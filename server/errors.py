@@ -17,6 +17,8 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from engine.codec.base import EncoderUnavailable
+
 log = logging.getLogger("pcgtts.server")
 
 # HTTP status -> OpenAI error `type`.
@@ -172,6 +174,13 @@ def install_error_handlers(app: FastAPI) -> None:
         body = error_body(str(exc.detail), _TYPE_BY_STATUS.get(status, "server_error"), None,
                           {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status))
         return JSONResponse(body, status_code=status, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(EncoderUnavailable)
+    async def _no_encoder(_: Request, exc: EncoderUnavailable) -> JSONResponse:
+        # A decode-only codec (X-codec2 without its semantic model): the server's setup, not the request.
+        body = error_body(f"This server cannot encode voice clips: {exc}", "server_error", None,
+                          "voice_encoding_unavailable")
+        return JSONResponse(body, status_code=501)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

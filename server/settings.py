@@ -34,6 +34,8 @@ class ServerSettings:
     model: str | None = _opt(None, "model bundle or Llasa checkpoint directory (default: models/demo-en)")
     codec: str | None = _opt(None, "codec directory (overrides the bundle's)")
     draft: str | None = _opt(None, "draft model directory (overrides the bundle's)")
+    semantic_model: str | None = _opt(None, "X-codec2 only: w2v-bert-2.0 directory, for encoding voice clips "
+                                            "(default: the Hugging Face cache, offline; none: decode only)")
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "TCP port")
     device: str = _opt(TTSConfig.device, "cpu | cuda | cuda:N")

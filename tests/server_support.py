@@ -10,12 +10,17 @@ streaming codec decode) is the real one.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import torch
 from safetensors.torch import load_file
@@ -75,6 +80,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_process(env: dict[str, str], args: list[str] = (), ready_timeout: float = 300.0):
+    """`pcgtts serve ARGS` as a real process on a free loopback port, until /ready answers 200.
+    Yields its base URL; terminates it afterwards."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve", "--port", str(port), *args],
+                               env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline, status = time.monotonic() + ready_timeout, None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                status = httpx.get(url + "/ready", timeout=2).status_code
+            except httpx.TransportError:
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.2)
+        assert status == 200, process.stderr.read().decode() if process.poll() is not None else "not ready"
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 class LiveServer:

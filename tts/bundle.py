@@ -86,7 +86,16 @@ class ModelBundle:
                    codec_dir=Path(codec_dir) if codec_dir else None, asg_table=None, voices_dir=None)
 
     def load_family(self):
-        return _load_class(FAMILIES[self.family_name]).from_dir(self.root)
+        family = _load_class(FAMILIES[self.family_name])
+        # A family that reads the checkpoint's own tokenizer (Llasa) finds it with the target's weights.
+        in_target = getattr(family, "tokenizer_in_target", False)
+        return family.from_dir(self.target_dir if in_target else self.root)
 
-    def load_codec(self):
-        return _load_class(CODECS[self.codec_name]).from_dir(self.codec_dir)
+    def load_codec(self, device: str | None = None, semantic_model: str | Path | None = None):
+        """device / semantic_model: for codecs that take them (X-codec2); the demo codec runs on the CPU."""
+        codec = _load_class(CODECS[self.codec_name])
+        if self.codec_name == "xcodec2":
+            return codec.from_dir(self.codec_dir, device=device, semantic_model=semantic_model)
+        if semantic_model:
+            raise ValueError(f"a semantic model is for the xcodec2 codec, not {self.codec_name}")
+        return codec.from_dir(self.codec_dir)

@@ -20,6 +20,7 @@ Per-request statistics (time to first audio, tokens, drafted/accepted, audio sec
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -47,6 +48,7 @@ class TTSConfig:
     model_dir: str | Path = DEFAULT_MODEL_DIR
     codec_dir: str | Path | None = None  # overrides the bundle's codec
     draft_dir: str | Path | None = None  # overrides the bundle's draft
+    semantic_model: str | Path | None = None  # X-codec2's w2v-bert-2.0 directory (encoding voice clips)
     device: str = EngineConfig.device
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
@@ -109,7 +111,7 @@ class TTSService:
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
                                       draft_dir=config.draft_dir)
         family = bundle.load_family()
-        codec = bundle.load_codec()
+        codec = bundle.load_codec(device=config.device, semantic_model=config.semantic_model)
         if config.initial_codec_chunk_frames is not None:
             codec.set_first_block_frames(config.initial_codec_chunk_frames)
         use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
@@ -136,20 +138,25 @@ class TTSService:
 
     def _load_presets(self) -> dict[str, VoicePrompt]:
         """Preset voices: the family's own (`family.preset_voices()`, e.g. the demo family's codes +
-        transcript files), else `<name>.wav|.flac` (+ `<name>.txt` transcript) in the bundle's voices
-        directory."""
+        transcript files), else, in the bundle's voices directory, `<name>.json` ({"codes": [...],
+        "transcript": ...}, codes already encoded: a decode-only codec serves them) and `<name>.wav|.flac`
+        (+ `<name>.txt` transcript), encoded here."""
         own = self.family.preset_voices()
         if own:
             return own
         presets: dict[str, VoicePrompt] = {}
         voices_dir = self.bundle.voices_dir
         files = sorted(Path(voices_dir).glob("*")) if voices_dir and Path(voices_dir).is_dir() else []
-        for audio_path in files:
-            if audio_path.suffix.lower() in (".wav", ".flac"):
-                transcript_path = audio_path.with_suffix(".txt")
+        for path in files:
+            if path.suffix.lower() == ".json":
+                spec = json.loads(path.read_text())
+                presets[path.stem] = VoicePrompt(codes=np.asarray(spec["codes"], dtype=np.int64),
+                                                 transcript=str(spec.get("transcript", "")))
+            elif path.suffix.lower() in (".wav", ".flac"):
+                transcript_path = path.with_suffix(".txt")
                 transcript = transcript_path.read_text().strip() if transcript_path.exists() else ""
-                audio, rate = sf.read(audio_path, dtype="float32", always_2d=True)
-                presets[audio_path.stem] = self.encode_voice(audio.mean(axis=1), rate, transcript)
+                audio, rate = sf.read(path, dtype="float32", always_2d=True)
+                presets[path.stem] = self.encode_voice(audio.mean(axis=1), rate, transcript)
         return presets
 
     def _pin_presets(self) -> None:

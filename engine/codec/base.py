@@ -12,6 +12,11 @@ from pathlib import Path
 import numpy as np
 
 
+class EncoderUnavailable(RuntimeError):
+    """This codec was loaded for decoding only (e.g. X-codec2 without its semantic model): it cannot turn
+    audio into codes. The message says what is missing and how to provide it."""
+
+
 class StreamingDecoder(ABC):
     """Decodes a growing code sequence chunk by chunk.
 

@@ -54,6 +54,7 @@ class SpeechTokensOnly(DecodeConstraint):
 
 class LlasaFamily(SpeechFamily):
     name = "llasa"
+    tokenizer_in_target = True  # a bundle's Llasa tokenizer is the target checkpoint's
 
     def __init__(self, chat_ids: Callable[[str, str], list[int]], *, speech_only: bool = False):
         """chat_ids(user_content, assistant_prefix) -> token ids of the chat prompt, assistant turn open."""

@@ -47,5 +47,5 @@ def test_xcodec2_codec_is_registered_and_fails_clearly(tmp_path):
     with pytest.raises(FileNotFoundError):
         bundle.load_codec()
     if importlib.util.find_spec("xcodec2") is None:
-        with pytest.raises(ImportError, match="pip install xcodec2"):
+        with pytest.raises(ImportError, match="make install-xcodec2"):
             XCodec2Codec.from_dir(tmp_path)

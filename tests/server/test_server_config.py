@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from server_support import LiveServer, free_port
+from server_support import LiveServer, free_port, serve_process
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -44,29 +43,11 @@ def test_serve_help_documents_every_option():
 
 
 def test_pcgtts_serve_process_from_environment(demo_bundle, tmp_path):
-    port = free_port()
-    env = {**os.environ, "PCGTTS_MODEL": str(demo_bundle), "PCGTTS_PORT": str(port),
-           "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "warning"}
-    process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline, status = time.monotonic() + 180, None
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                status = httpx.get(url + "/ready", timeout=2).status_code
-            except httpx.TransportError:
-                status = None
-            if status == 200:
-                break
-            time.sleep(0.2)
-        assert status == 200, process.stderr.read().decode() if process.poll() is not None else "not ready"
+    env = {"PCGTTS_MODEL": str(demo_bundle), "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "warning"}
+    with serve_process(env, ready_timeout=180) as url:  # the port comes as a flag, the rest from PCGTTS_*
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == demo_bundle.name
         body = {"model": "tts-1", "voice": "alloy", "input": "Hello.", "response_format": "wav"}
         assert httpx.post(url + "/v1/audio/speech", json=body, timeout=120).content[:4] == b"RIFF"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     assert (tmp_path / "voices" / "voices.sqlite3").exists()
 
 

@@ -1,8 +1,10 @@
 """X-codec2 (Llasa's codec: 16 kHz, 50 codes/s, one 65,536-entry FSQ codebook) behind the Codec contract.
 
-Used only for real Llasa deployments: it needs the optional `xcodec2` package (pip install xcodec2) and a
-local codec directory (`XCodec2Model.from_pretrained(dir)`); both are imported and loaded lazily, and
-nothing is downloaded. Its decoder is non-causal (a Transformer over the whole code sequence), so the
+Used for real Llasa deployments. It needs the optional `xcodec2` package (`make install-xcodec2`) and local
+directories only (see `loading`): the codec checkpoint, and for encoding voice prompts the semantic model
+w2v-bert-2.0 (`semantic_model=` / PCGTTS_SEMANTIC_MODEL, else the Hugging Face cache, offline). Without the
+semantic model the codec decodes (preset voices whose codes are stored) and `encode` raises
+EncoderUnavailable. Its decoder is non-causal (a Transformer over the whole code sequence), so the
 streaming decoder re-decodes a window with context on both sides of each chunk: chunk joins are close to,
 not bit-identical with, one whole-sequence decode.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.codec.base import Codec, StreamingDecoder
+from engine.codec.base import Codec, EncoderUnavailable, StreamingDecoder
 
 
 class XCodec2Codec(Codec):
@@ -22,22 +24,30 @@ class XCodec2Codec(Codec):
     frame_rate = 50
     codebook_size = 65536
 
-    def __init__(self, model, device: str | torch.device = "cpu"):
+    def __init__(self, model, device: str | torch.device = "cpu", encoder_missing: str = ""):
+        """model: xcodec2's XCodec2Model; encoder_missing: why it cannot encode ("" when it can)."""
         self.model = model
         self.device = torch.device(device)
+        self.encoder_missing = encoder_missing
 
     @classmethod
-    def from_dir(cls, path: str | Path | None, device: str | None = None) -> XCodec2Codec:
+    def from_dir(cls, path: str | Path | None, device: str | None = None,
+                 semantic_model: str | Path | None = None) -> XCodec2Codec:
+        from engine.codec.xcodec2.loading import find_semantic_dir, load_model
+        from engine.codec.xcodec2.stand_ins import xcodec2_imported
+
         if path is None or not Path(path).is_dir():
-            raise FileNotFoundError(f"X-codec2 needs a local codec directory (got {path!r})")
-        try:
-            from xcodec2.modeling_xcodec2 import XCodec2Model
-        except ImportError as exc:
-            raise ImportError("the X-codec2 codec needs the optional `xcodec2` package "
-                              "(pip install xcodec2)") from exc
+            raise FileNotFoundError(f"X-codec2 needs a local codec directory, --codec DIR (got {path!r}); "
+                                    "download HKUSTAudio/xcodec2 beforehand")
+        xcodec2_imported()  # ImportError naming `make install-xcodec2` when the extra is missing
+        semantic_dir, reason = find_semantic_dir(semantic_model)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = XCodec2Model.from_pretrained(str(path)).eval().to(device)
-        return cls(model, device)
+        model = load_model(Path(path), semantic_dir, reason).to(device)
+        return cls(model, device, reason)
+
+    @property
+    def can_encode(self) -> bool:
+        return not self.encoder_missing
 
     @property
     def hop(self) -> int:
@@ -45,6 +55,8 @@ class XCodec2Codec(Codec):
 
     @torch.inference_mode()
     def encode(self, audio: np.ndarray) -> np.ndarray:
+        if self.encoder_missing:
+            raise EncoderUnavailable(self.encoder_missing)
         wav = torch.as_tensor(np.asarray(audio, dtype=np.float32), device=self.device)[None]  # [1, samples]
         codes = self.model.encode_code(input_waveform=wav)  # [1, 1, frames]
         return codes[0, 0].long().cpu().numpy()
