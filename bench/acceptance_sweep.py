@@ -193,7 +193,7 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
     bundle = ModelBundle.from_dir(model_dir)
     family = bundle.load_family()
     texts = SENTENCES[:6] if quick else SENTENCES
-    presets = getattr(family, "voices", {})  # Llasa checkpoints have none: prompts without a voice
+    presets = family.preset_voices()  # Llasa checkpoints have none: prompts without a voice
     voices = sorted(presets)
     prompts, params = [], []
     for i, text in enumerate(texts):

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from engine.codec.base import EncoderUnavailable
+from tts import EncoderUnavailable
 
 log = logging.getLogger("pcgtts.server")
 

@@ -12,6 +12,7 @@ The server and the `pcgtts synth` CLI use only what this module exports; one req
     cli.py          `pcgtts synth`
 """
 
+from engine.codec.base import EncoderUnavailable
 from engine.speech.base import VoicePrompt
 from tts.decode_pool import CodecStats
 from tts.errors import (
@@ -25,6 +26,6 @@ from tts.errors import (
 from tts.service import EngineStats, TTSConfig, TTSService
 from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
 
-__all__ = ["CodecStats", "EngineStats", "InputTooLong", "InvalidOptions", "NothingToSay", "ReferenceClip",
-           "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisFailed", "SynthesisOptions",
-           "SynthesisStats", "TTSConfig", "TTSService", "VoicePrompt"]
+__all__ = ["CodecStats", "EncoderUnavailable", "EngineStats", "InputTooLong", "InvalidOptions",
+           "NothingToSay", "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis",
+           "SynthesisFailed", "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "VoicePrompt"]

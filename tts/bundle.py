@@ -88,14 +88,14 @@ class ModelBundle:
     def load_family(self):
         family = _load_class(FAMILIES[self.family_name])
         # A family that reads the checkpoint's own tokenizer (Llasa) finds it with the target's weights.
-        in_target = getattr(family, "tokenizer_in_target", False)
-        return family.from_dir(self.target_dir if in_target else self.root)
+        return family.from_dir(self.target_dir if family.tokenizer_in_target else self.root)
 
     def load_codec(self, device: str | None = None, semantic_model: str | Path | None = None):
-        """device / semantic_model: for codecs that take them (X-codec2); the demo codec runs on the CPU."""
+        """device: for codecs that take one (the others run on the CPU); semantic_model: X-codec2's, an
+        error for a codec that does not take one. Each codec lists what it takes in `load_options`."""
         codec = _load_class(CODECS[self.codec_name])
-        if self.codec_name == "xcodec2":
-            return codec.from_dir(self.codec_dir, device=device, semantic_model=semantic_model)
-        if semantic_model:
-            raise ValueError(f"a semantic model is for the xcodec2 codec, not {self.codec_name}")
-        return codec.from_dir(self.codec_dir)
+        options = {"device": device, "semantic_model": semantic_model}
+        if semantic_model is not None and "semantic_model" not in codec.load_options:
+            raise ValueError(f"the {self.codec_name} codec takes no semantic model")
+        return codec.from_dir(self.codec_dir, **{k: v for k, v in options.items()
+                                                  if v is not None and k in codec.load_options})

@@ -41,6 +41,9 @@ class Codec(ABC):
     sample_rate: int  # Hz of the audio `decode` returns and `encode` expects
     frame_rate: int  # codes per second
     codebook_size: int
+    # Keyword options of `from_dir` beyond the path (X-codec2: "device", "semantic_model"); the bundle
+    # passes only these.
+    load_options: tuple[str, ...] = ()
 
     @classmethod
     @abstractmethod

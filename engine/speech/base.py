@@ -51,6 +51,9 @@ class SpeechFamily(ABC):
     """Everything the TTS service asks of a family; implementations: `demo/` and `llasa.py`."""
 
     name: str
+    # True: `from_dir` gets the target checkpoint's directory (the family reads that checkpoint's own
+    # tokenizer, as Llasa does); False: the bundle's root.
+    tokenizer_in_target: bool = False
 
     @classmethod
     @abstractmethod

@@ -134,7 +134,7 @@ def test_missing_directories_are_named(dirs, offline, tmp_path):
     (tmp_path / "w2v" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="preprocessor_config.json.*model.safetensors"):
         XCodec2Codec.from_dir(codec_dir, device="cpu", semantic_model=tmp_path / "w2v")
-    with pytest.raises(FileNotFoundError, match="local codec directory.*HKUST-Audio/xcodec2"):
+    with pytest.raises(FileNotFoundError, match="local codec directory.*HKUSTAudio/xcodec2"):
         XCodec2Codec.from_dir(semantic_dir.parent / "nothing-here", device="cpu")
     with pytest.raises(FileNotFoundError, match="not an X-codec2 checkpoint"):
         XCodec2Codec.from_dir(tmp_path / "w2v", device="cpu")

@@ -83,7 +83,7 @@ def test_decode_only_server_speaks_presets_and_refuses_uploads(llasa_setup, tmp_
     codes still speak; an upload gets a 501 naming what is missing."""
     target, _, codec_dir, _, hf_home = llasa_setup
     bundle = tmp_path / "bundle"
-    (bundle / "voices").mkdir()
+    (bundle / "voices").mkdir(parents=True)
     codes = np.random.default_rng(5).integers(0, 65536, size=50).tolist()
     (bundle / "voices" / "preset.json").write_text(json.dumps({"codes": codes, "transcript": "hello"}))
     manifest = {"family": "llasa", "codec_type": "xcodec2", "target": str(target), "codec": str(codec_dir),

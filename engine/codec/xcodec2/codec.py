@@ -23,6 +23,7 @@ class XCodec2Codec(Codec):
     sample_rate = 16000
     frame_rate = 50
     codebook_size = 65536
+    load_options = ("device", "semantic_model")
 
     def __init__(self, model, device: str | torch.device = "cpu", encoder_missing: str = ""):
         """model: xcodec2's XCodec2Model; encoder_missing: why it cannot encode ("" when it can)."""
