@@ -36,7 +36,7 @@ class StreamingDecoder(ABC):
 
 
 class Codec(ABC):
-    """Everything the TTS service asks of a codec; implementations: `demo/` and `xcodec2.py`."""
+    """Everything the TTS service asks of a codec; implementations: `demo/` and `xcodec2/`."""
 
     sample_rate: int  # Hz of the audio `decode` returns and `encode` expects
     frame_rate: int  # codes per second
