@@ -86,19 +86,25 @@ async def _disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
         pass
 
 
-async def next_or_gone(synth: Synthesis, request: Request | None) -> np.ndarray | None:
-    """The next chunk (None at the end), unless the client disconnects first (ClientGone).
+async def next_or_gone(synth: Synthesis, request: Request | None,
+                       cut: asyncio.Event | None = None) -> np.ndarray | None:
+    """The next chunk (None at the end), unless the client disconnects first (ClientGone) or the drain
+    deadline passes (`cut` set: an APIError 503 `server_shutdown`, the response has not started).
 
     Service errors become APIError; the synthesis is closed on any failure.
     """
     step = asyncio.ensure_future(_next(synth))
     watch = asyncio.ensure_future(_disconnected(request.receive)) if request is not None else None
+    deadline = asyncio.ensure_future(cut.wait()) if cut is not None else None
     try:
-        waiting = {step} if watch is None else {step, watch}
+        waiting = {f for f in (step, watch, deadline) if f is not None}
         done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if step not in done:
             step.cancel()
             await asyncio.wait({step})  # let the generator unwind before it is closed below
+            if deadline is not None and deadline in done:
+                raise stream_error(ServerShuttingDown("the server is shutting down and its drain deadline "
+                                                      "passed"))
             raise ClientGone()
         return step.result()
     except (ServiceOverloaded, InputTooLong, ServiceUnavailable, InvalidOptions, NothingToSay,
@@ -109,8 +115,9 @@ async def next_or_gone(synth: Synthesis, request: Request | None) -> np.ndarray 
         await close_quietly(synth)
         raise
     finally:
-        if watch is not None:
-            watch.cancel()
+        for future in (watch, deadline):
+            if future is not None:
+                future.cancel()
 
 
 async def _next(synth: Synthesis) -> np.ndarray | None:

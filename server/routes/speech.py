@@ -57,7 +57,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
                     received)
     synth = open_synthesis(service, body.input, voice, synthesis_options(body, streaming=streamed))
     try:
-        first = await next_or_gone(synth, request)  # errors (429, ...) still get a proper status
+        first = await next_or_gone(synth, request, state.drain.cut)  # errors (429, ...) get a status
     except ClientGone:
         run.finish(synth, "aborted", 0.0)
         return Response(status_code=499)
@@ -66,7 +66,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         raise
 
     if not streamed:
-        return await _whole(body, request, synth, first, run, synth.sample_rate)
+        return await _whole(body, request, synth, first, run, state.drain)
     pipeline = OutputPipeline(body.response_format, synth.sample_rate, speed=body.speed)
     if sse:
         return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run, state.drain),
@@ -123,15 +123,21 @@ async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drai
         run.finish(synth, status, pipeline.audio_seconds)
 
 
-async def _whole(body: SpeechRequest, request: Request, synth, first, run: SpeechRun, rate: int) -> Response:
-    """stream=false: wait for the whole utterance (each sentence decoded in one pass), send it at once."""
+async def _whole(body: SpeechRequest, request: Request, synth, first, run: SpeechRun,
+                 drain: Drain) -> Response:
+    """stream=false: wait for the whole utterance (each sentence decoded in one pass), send it at once;
+    a 503 `server_shutdown` if the drain deadline passes first."""
+    rate = synth.sample_rate
     parts = [] if first is None else [first]
     try:
-        while (chunk := await next_or_gone(synth, request)) is not None:
+        while (chunk := await next_or_gone(synth, request, drain.cut)) is not None:
             parts.append(chunk)
     except ClientGone:
         run.finish(synth, "aborted", 0.0)
         return Response(status_code=499)
+    except APIError:
+        run.finish(synth, "error", 0.0)
+        raise
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     data = encode_whole(body.response_format, audio, rate, speed=body.speed)
     seconds = audio.size / rate / body.speed

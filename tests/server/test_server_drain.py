@@ -87,6 +87,12 @@ def ws_utterance(url: str, text: str, started: threading.Event, out: list) -> No
             out.append({"closed": getattr(getattr(exc, "rcvd", None), "code", None)})
 
 
+def whole_response(url: str, text: str, out: list) -> None:
+    """stream=false: nothing is sent before the end, so a cut request gets a plain 503."""
+    body = {"input": text, "stream": False, "response_format": "wav", "seed": 2}
+    out.append(httpx.post(url + "/v1/audio/speech", json=body, headers=AUTH, timeout=300))
+
+
 def start_streams(server: ServeProcess, text: str):
     sse = SSEClient(server.url, text)
     sse.start()
@@ -127,6 +133,9 @@ def test_sigterm_lets_streams_in_flight_finish_then_exits_zero(demo_bundle, tmp_
 def test_streams_past_the_drain_deadline_end_with_a_word_and_exit_is_zero(demo_bundle, tmp_path):
     server = ServeProcess(demo_bundle, tmp_path, drain_timeout=1.0)
     try:
+        whole: list = []
+        waiter = threading.Thread(target=whole_response, args=(server.url, LONG * 12, whole), daemon=True)
+        waiter.start()
         sse, ws, ws_out = start_streams(server, LONG * 12)
         server.process.send_signal(signal.SIGTERM)
         readiness = server.ready()
@@ -134,9 +143,11 @@ def test_streams_past_the_drain_deadline_end_with_a_word_and_exit_is_zero(demo_b
         assert readiness == 503 and in_flight  # /ready says so while the streams still run
         sse.join(120)
         ws.join(120)
+        waiter.join(120)
         assert server.process.wait(120) == 0, server.log.read_text()
     finally:
         server.close()
+    assert whole[0].status_code == 503 and whole[0].json()["error"]["code"] == "server_shutdown"
     assert sse.events[-1]["type"] == "speech.audio.error", sse.events[-1]
     assert sse.events[-1]["error"]["code"] == "server_shutdown"
     done = [m for m in ws_out if m.get("type") == "audio.done"]
