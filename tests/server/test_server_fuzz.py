@@ -46,7 +46,8 @@ def test_schemathesis_finds_no_server_error_and_no_contract_violation(demo_bundl
              "--exclude-checks", "ignored_auth,positive_data_acceptance",
              "--max-time", str(BUDGET_S), "--request-timeout", "60", "--workers", "2", "--seed", "1",
              "--no-color"],
-            capture_output=True, text=True, timeout=BUDGET_S + 240, env={**os.environ, "NO_COLOR": "1"})
+            capture_output=True, text=True, timeout=BUDGET_S + 240, env={**os.environ, "NO_COLOR": "1"},
+            cwd=tmp_path)  # schemathesis keeps a cache directory in its working directory
     finally:
         server.terminate()
         server.wait(timeout=60)
