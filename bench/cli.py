@@ -11,6 +11,7 @@ BENCHMARKS = {
     "codec": ("bench.codec_bench", "streaming codec: batched vs one-by-one decode, first audio block"),
     "engine": ("bench.engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
     "load": ("bench.load_test", "server load test: time to first audio, real-time factor"),
+    "step": ("bench.step_speed", "decode speed: target-only/exact/pcg, eager vs captured graphs; c and v"),
     "verify": ("bench.verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
     "rejections": ("bench.rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
     "draft-cost": ("bench.draft_cost", "c = draft / target per-token cost, drafts side by side"),

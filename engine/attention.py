@@ -6,7 +6,8 @@ layer of one forward shares (slots, gathers, masks), built once per forward from
 tables with tensor ops only (no host syncs), so the same code runs on CPU and CUDA.
 
 Backends:
-- `sdpa`: gather each sequence's keys/values by block table, then `scaled_dot_product_attention` with a
+- `sdpa`: gather each sequence's keys/values block by block (whole blocks are contiguous, so the copy
+  runs at memory speed), then `scaled_dot_product_attention` with a
   per-position causal mask. Works on any device and dtype; the default.
 - `flash_attn`: flash-attn's paged `flash_attn_with_kvcache` (CUDA, fp16/bf16, block_size a multiple of
   256), opt-in where the `flash_attn` package is installed. Query rows are left-padded by the runner, so
@@ -31,7 +32,6 @@ class PagedBatch:
 
     positions: torch.Tensor  # Long[B, T] logical position of each query token (0 for padding)
     slot_mapping: torch.Tensor  # Long[B*T] cache slot each new K/V is written to (scratch for padding)
-    gather_slots: torch.Tensor  # Long[B*ctx] cache slot of logical key position j of row b
     mask: torch.Tensor  # Bool[B, 1, T, ctx] key j visible to query t: j <= positions[b, t]
     context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
     block_tables: torch.Tensor  # Long[B, M]
@@ -55,11 +55,26 @@ def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables
     slot = torch.where(valid, slot, torch.full_like(slot, scratch_block * block_size))
     ctx = block_tables.shape[1] * block_size
     key_pos = torch.arange(ctx, device=positions.device)  # [ctx]
-    gather = block_tables[:, key_pos // block_size] * block_size + key_pos % block_size  # [B, ctx]
     mask = key_pos[None, None, :] <= positions[:, :, None]  # [B, T, ctx]
-    return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1), gather_slots=gather.reshape(-1),
+    return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1),
                       mask=mask.unsqueeze(1), context_len=ctx, block_tables=block_tables,
                       block_size=block_size)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """New k/v [B, T, H_kv, D] into their slots (caches [S, H_kv, D]). `index_put_` rather than
+    `index_copy_`: inductor turns it into an in-place scatter instead of copying the whole cache."""
+    b, t, h_kv, d = k.shape
+    k_cache.index_put_((slot_mapping,), k.reshape(b * t, h_kv, d))
+    v_cache.index_put_((slot_mapping,), v.reshape(b * t, h_kv, d))
+
+
+def gather_blocks(cache: torch.Tensor, meta: PagedBatch) -> torch.Tensor:
+    """Each row's keys (or values) in logical order: cache [S, H_kv, D] -> [B, ctx, H_kv, D]."""
+    b, m = meta.block_tables.shape
+    blocks = cache.view(-1, meta.block_size, *cache.shape[1:])  # [num_blocks + 1, bs, H_kv, D]
+    return blocks.index_select(0, meta.block_tables.reshape(-1)).view(b, meta.context_len, *cache.shape[1:])
 
 
 class AttentionBackend(ABC):
@@ -77,11 +92,9 @@ class GatherSDPABackend(AttentionBackend):
     def attend(self, q, k, v, k_cache, v_cache, meta):
         b, t, h, d = q.shape
         h_kv = k.shape[2]
-        k_cache.index_copy_(0, meta.slot_mapping, k.reshape(b * t, h_kv, d))
-        v_cache.index_copy_(0, meta.slot_mapping, v.reshape(b * t, h_kv, d))
-        ctx = meta.context_len
-        keys = k_cache.index_select(0, meta.gather_slots).view(b, ctx, h_kv, d).transpose(1, 2)
-        values = v_cache.index_select(0, meta.gather_slots).view(b, ctx, h_kv, d).transpose(1, 2)
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        keys = gather_blocks(k_cache, meta).transpose(1, 2)  # [B, H_kv, ctx, D]
+        values = gather_blocks(v_cache, meta).transpose(1, 2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask,
                                              enable_gqa=h != h_kv)  # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, h * d)
@@ -100,8 +113,7 @@ class FlashAttnBackend(AttentionBackend):
     def attend(self, q, k, v, k_cache, v_cache, meta):
         b, t, h, d = q.shape
         h_kv = k.shape[2]
-        k_cache.index_copy_(0, meta.slot_mapping, k.reshape(b * t, h_kv, d))
-        v_cache.index_copy_(0, meta.slot_mapping, v.reshape(b * t, h_kv, d))
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         bs = meta.block_size
         out = self._kernel(q, k_cache.view(-1, bs, h_kv, d), v_cache.view(-1, bs, h_kv, d),
                            cache_seqlens=meta.seq_lens.to(torch.int32),

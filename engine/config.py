@@ -34,7 +34,9 @@ class EngineConfig:
     # default. Seeded outputs are reproducible only under "always" (see spec_policy).
     speculation: str = "always"
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
-    dtype: str = "auto"  # "auto" (float32 on CPU, bfloat16 on CUDA) | "float32" | "bfloat16" | "float16"
+    # "auto": bfloat16 on CUDA, and on CPUs with native bf16 math (AVX512-BF16/AMX) when decode graphs are
+    # compiled (eager bf16 is no faster there); float32 otherwise | "float32" | "bfloat16" | "float16"
+    dtype: str = "auto"
     block_size: int = 16  # tokens per KV block
     kv_budget_tokens: int | None = None  # KV capacity in tokens, per model (default 16384)
     kv_budget_bytes: int | None = None  # or: bytes for target + draft caches together (wins if set)
@@ -51,6 +53,11 @@ class EngineConfig:
     deadline_ahead_s: float = 2.0
     max_defer_steps: int = 4
     attention_backend: str = "auto"  # "auto" | "sdpa" (gather + SDPA, any device) | "flash_attn" (CUDA)
+    # Decode/verify forwards replayed from captured graphs (engine/model/captured.py): "eager" (none),
+    # "compile" (torch.compile/inductor, CPU: minutes of compiling at start-up, cached on disk),
+    # "cuda_graphs" (CUDA), "auto" (cuda_graphs on CUDA, eager on CPU). Prefill always runs eagerly.
+    decode_graphs: str = "eager"
+    compile_cache_dir: str | Path | None = None  # inductor's cache; default $XDG_CACHE_HOME/pcgtts/inductor
     seed: int = 0  # seeds the generator shared by requests without their own seed
 
 

@@ -4,6 +4,9 @@ Layout per layer and per K/V: [num_slots, num_kv_heads, head_dim] with num_slots
 block_size, i.e. block-major [num_blocks + 1, block_size, H_kv, D] viewed flat (the layout paged kernels
 such as flash-attn's expect). The extra last block is scratch: padding tokens write there, and block
 tables are padded with it, so no real sequence's K/V is ever touched by padding.
+
+Each layer's K and each layer's V is its own allocation (not a view of one big tensor): a captured graph
+(torch.compile) that writes new K/V in place into a view of a larger input would copy the whole input.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ class KVCache:
         num_slots = (num_blocks + 1) * block_size
         # Zero-filled, not empty: masked-out keys still enter softmax(...) @ V with weight 0, and 0 * NaN
         # from uninitialised memory would poison the output.
-        self.data = torch.zeros(cfg.num_layers, 2, num_slots, cfg.num_kv_heads, cfg.head_dim,
-                                device=device, dtype=dtype)  # [L, 2, S, H_kv, D]
+        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of layer i, each [S, H_kv, D]."""
-        return self.data[i, 0], self.data[i, 1]
+        return self.keys[i], self.values[i]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every K and V tensor, layer by layer."""
+        return [t for pair in zip(self.keys, self.values, strict=True) for t in pair]
 
     @property
     def num_bytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        return sum(t.numel() * t.element_size() for t in self.tensors())

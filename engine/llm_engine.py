@@ -25,6 +25,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.errors import RequestTooLong
 from engine.faults import isolate_faults, snapshot
 from engine.metrics import Counters, EngineMetrics
+from engine.model.captured import resolve_mode
 from engine.model.config import LlamaConfig
 from engine.model.loader import load_llama, resolve_dtype
 from engine.model_runner import ModelRunner
@@ -64,7 +65,8 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.decode_graphs = resolve_mode(config.decode_graphs, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, compiled=self.decode_graphs == "compile")
         self.target_config = LlamaConfig.from_dir(config.target)
         draft_config = LlamaConfig.from_dir(config.draft) if config.draft else None
         if draft_config is not None and draft_config.vocab_size != self.target_config.vocab_size:
@@ -83,12 +85,18 @@ class Engine:
             raise ValueError(f"KV budget of {capacity} tokens is too small for γ={self.gamma}")
         positions = self.max_model_len + self.gamma + 1
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
+        graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir)
+        # decode shapes: the target scores γ+1 tokens per row (1 alone); the draft feeds 1, or 2 when it
+        # catches up after a fully accepted round
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions),
-                                  num_blocks, block_size, backend)
+                                  num_blocks, block_size, backend, decode_tokens=(self.gamma + 1,), **graphs)
         self.draft = None
         if draft_config is not None:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions),
-                                     num_blocks, block_size, backend)
+                                     num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
+        # captured graphs are built now, before the engine reports ready, not on the first request
+        self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
+                                                                else 0.0)
 
         self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device)
         for runner in (self.target, self.draft):

@@ -1,23 +1,40 @@
-"""One model with its own paged KV cache and block pool: turns ragged token chunks into forwards."""
+"""One model with its own paged KV cache and block pool: turns ragged token chunks into forwards.
+
+Decode-shaped forwards (T tokens per row, T in the runner's `decode_tokens`) can be replayed from captured
+graphs (engine/model/captured.py: torch.compile on CPU, CUDA graphs on GPU); everything else, prefill
+above all, runs eagerly. Both paths compute the same function; tests compare them.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from engine.attention import AttentionBackend, build_paged_batch
 from engine.block_manager import BlockAllocator, SeqBlocks
 from engine.kv_cache import KVCache
+from engine.model.captured import CapturedForward, make_captured, resolve_mode
 from engine.model.llama import LlamaModel
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend,
+                 decode_graphs: str = "eager", decode_tokens: tuple[int, ...] = (),
+                 cache_dir: Path | None = None):
+        """decode_graphs: "eager" | "compile" | "cuda_graphs" | "auto" (captured.resolve_mode);
+        decode_tokens: the tokens-per-row counts to capture (e.g. (γ+1,) for a target)."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
         self.blocks = BlockAllocator(num_blocks, block_size)
         self.cache = KVCache(model.cfg, num_blocks, block_size, model.device, model.dtype)
         self.backend = backend
+        self.decode_graphs = resolve_mode(decode_graphs, self.device)
+        self.captured: CapturedForward | None = None
+        if decode_tokens:
+            self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
+                                          self.cache.scratch_block, self.device, num_blocks, cache_dir)
 
     def block_tables(self, states: list[SeqBlocks], num_tokens: int) -> torch.Tensor:
         """Long[B, M] block tables covering positions [0, num_tokens), padded with the scratch block."""
@@ -26,11 +43,26 @@ class ModelRunner:
         rows = [st.blocks[:cols] + [scratch] * (cols - min(cols, len(st.blocks))) for st in states]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                tables: torch.Tensor) -> torch.Tensor:
-        """Long[B, T] tokens at Long[B, T] positions (Bool[B, T] valid) -> hidden [B, T, d]; writes K/V."""
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                 tables: torch.Tensor) -> torch.Tensor:
+        """The whole forward from tensors only (what graphs capture)."""
         meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block)
-        return self.model.forward(input_ids, meta, self.cache, self.backend)
+        return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+                tables: torch.Tensor, eager: bool = False) -> torch.Tensor:
+        """Long[B, T] tokens at Long[B, T] positions (Bool[B, T] valid) -> hidden [B, T, d]; writes K/V.
+        eager: bypass captured graphs (equivalence tests)."""
+        if not eager and self.captured is not None and self.captured.handles(input_ids.shape[1]):
+            return self.captured(input_ids, positions, valid, tables)
+        with torch.inference_mode():
+            return self._forward(input_ids, positions, valid, tables)
+
+    def warm_up(self, name: str) -> float:
+        """Build the captured graphs now (start-up) rather than on the first request; seconds taken."""
+        if self.captured is None:
+            return 0.0
+        return self.captured.warm_up(name, self.blocks.num_blocks)
 
     def forward_chunks(self, states: list[SeqBlocks], chunks: list[list[int]]) -> torch.Tensor:
         """Feed each row its token chunk at positions num_computed.. (rows left-padded to the longest, so
@@ -51,5 +83,6 @@ class ModelRunner:
             st.num_computed += len(c)
         return hidden
 
+    @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.logits(hidden)

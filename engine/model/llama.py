@@ -56,6 +56,11 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, meta: PagedBatch, cache: KVCache,
                 backend: AttentionBackend) -> torch.Tensor:
         """input_ids Long[B, T] at meta.positions -> final hidden states [B, T, d]; writes K/V."""
+        return self.hidden_states(input_ids, meta, cache, backend)
+
+    def hidden_states(self, input_ids: torch.Tensor, meta: PagedBatch, cache: KVCache,
+                      backend: AttentionBackend) -> torch.Tensor:
+        """`forward` without its inference_mode wrapper (what graph capture traces)."""
         cfg = self.cfg
         b, t = input_ids.shape
         x = F.embedding(input_ids, self.embed)  # [B, T, d]

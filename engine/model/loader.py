@@ -12,11 +12,24 @@ from engine.model.config import DTYPES, LlamaConfig
 from engine.model.llama import LayerWeights, LlamaModel
 
 
-def resolve_dtype(name: str | torch.dtype, device: torch.device) -> torch.dtype:
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matrix products at (at least) fp32 speed. Without them (e.g. plain AVX-512)
+    bf16 is emulated and slower than fp32."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags.split() for f in ("avx512_bf16", "amx_bf16"))
+
+
+def resolve_dtype(name: str | torch.dtype, device: torch.device, compiled: bool = False) -> torch.dtype:
+    """"auto": bfloat16 on CUDA, or on a CPU with native bf16 when decode graphs are compiled; else fp32."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or (compiled and cpu_has_native_bf16()):
+            return torch.bfloat16
+        return torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose from auto, {', '.join(DTYPES)}")
     return DTYPES[name]

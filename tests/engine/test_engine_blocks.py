@@ -127,4 +127,4 @@ def test_kv_budget_in_bytes(pair):
     expected_blocks = (1 << 20) // (2 * per_token * 16)  # target + draft caches share the budget
     assert engine.target.blocks.num_blocks == engine.draft.blocks.num_blocks == expected_blocks
     assert engine.target.cache.num_bytes + engine.draft.cache.num_bytes <= (1 << 20) + 2 * 16 * per_token
-    assert torch.all(engine.target.cache.data == 0)
+    assert all(torch.all(t == 0) for t in engine.target.cache.tensors())

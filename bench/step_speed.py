@@ -1,0 +1,238 @@
+"""Decode speed side by side: target-only, exact SD and PCG, eager and with captured decode graphs, plus the
+forward costs that bound speculation (Leviathan et al.: speed-up <= (1 - α^{γ+1}) / ((1 - α)(γc + v))).
+
+Speech prompts from the bundle's family and voices (the acceptance sweep's sentences), T=0.8, seeds fixed.
+For every decode-graph mode (`--graphs`) it builds one engine per rule, then runs the repeats round-robin
+(every configuration once per repeat, so drift of a shared machine hits all alike) and reports medians.
+Forward costs come from the same engines: c = draft forward (1 token) / target forward (1 token),
+v = target forward on γ+1 tokens / target forward on 1, both at batch 1 over a `--context`-token cache.
+
+    pcgtts bench step --graphs eager compile --batch-sizes 1 6 --repeats 3 --out bench/results
+
+Writes OUT/step_speed.json, OUT/step_speed.png and OUT/step_speed.md (command, machine, table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.acceptance_sweep import SENTENCES
+from engine import Engine, EngineConfig, SamplingParams
+from engine.block_manager import SeqBlocks
+from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
+
+RULES = ("target-only", "exact", "pcg")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
+    parser.add_argument("--graphs", nargs="+", default=["eager", "compile"],
+                        help="decode_graphs modes to compare (eager, compile, cuda_graphs)")
+    parser.add_argument("--rules", nargs="+", default=list(RULES), help=f"of {', '.join(RULES)}")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--max-tokens", type=int, default=400, help="cap on generated tokens per utterance")
+    parser.add_argument("--context", type=int, default=300, help="cached tokens for the forward timings")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--compile-cache-dir", type=Path, default=None,
+                        help="inductor cache (default: EngineConfig's)")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+
+
+def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens: int, seed: int = 0):
+    family = bundle.load_family()
+    voices = sorted(family.voices)
+    prompts, params = [], []
+    for i in range(n):
+        text = SENTENCES[i % len(SENTENCES)]
+        prompt = family.build_prompt(text, family.voices[voices[i % len(voices)]] if voices else None)
+        prompts.append(prompt.token_ids)
+        params.append(SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i,
+                                     stop_token_ids=prompt.stop_token_ids, constraint=prompt.constraint))
+    return prompts, params
+
+
+def build_engine(bundle: ModelBundle, rule: str, graphs: str, args) -> Engine:
+    spec = rule != "target-only"
+    return Engine(EngineConfig(
+        target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
+        acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
+        num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
+        decode_graphs=graphs, compile_cache_dir=args.compile_cache_dir))
+
+
+def run_once(engine: Engine, prompts, params) -> dict:
+    start = time.perf_counter()
+    gens = engine.generate(prompts, params)
+    wall = time.perf_counter() - start
+    tokens = sum(len(g.token_ids) for g in gens)
+    drafted = sum(g.num_drafted for g in gens)
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "acceptance_rate": sum(g.num_accepted for g in gens) / drafted if drafted else None,
+            "tokens_per_step": tokens / sum(g.num_steps for g in gens)}
+
+
+def forward_ms(runner, num_tokens: int, context: int, reps: int = 30) -> float:
+    """Median ms of one decode forward of `num_tokens` tokens at batch 1 over `context` cached tokens
+    (through the runner's captured graph when it has one for that shape). Scratch positions only."""
+    state = SeqBlocks()
+    state.ensure(runner.blocks, context + num_tokens)
+    try:
+        dev = runner.device
+        ids = torch.zeros(1, num_tokens, dtype=torch.long, device=dev)
+        positions = (context + torch.arange(num_tokens, device=dev))[None]
+        valid = torch.ones(1, num_tokens, dtype=torch.bool, device=dev)
+        tables = runner.block_tables([state], context + num_tokens)
+        times = []
+        for i in range(reps + 3):
+            t0 = time.perf_counter()
+            runner.logits(runner.forward(ids, positions, valid, tables))
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(times)
+    finally:
+        state.release(runner.blocks)
+
+
+def leviathan_bound(alpha: float, gamma: int, c: float, v: float) -> float:
+    """Expected speed-up over target-only with per-token acceptance α, draft cost c and verify cost v."""
+    tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1
+    return tokens / (gamma * c + v)
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from engine.model.loader import cpu_has_native_bf16
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "native_bf16": cpu_has_native_bf16(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def run(args) -> dict:
+    bundle = ModelBundle.from_dir(args.model)
+    requests = {b: speech_requests(bundle, b, args.temperature, args.max_tokens) for b in args.batch_sizes}
+    engines, start_up = {}, {}
+    for graphs in args.graphs:
+        for rule in args.rules:
+            t0 = time.perf_counter()
+            engine = build_engine(bundle, rule, graphs, args)
+            start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,
+                                            "capture_seconds": engine.capture_seconds}
+            engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
+            engines[(graphs, rule)] = engine
+            print(f"built {graphs}/{rule} in {time.perf_counter() - t0:.1f} s", flush=True)
+    runs: dict[tuple, list[dict]] = {}
+    for r in range(args.repeats):
+        for b in args.batch_sizes:
+            for (graphs, rule), engine in engines.items():
+                res = run_once(engine, *requests[b])
+                runs.setdefault((graphs, rule, b), []).append(res)
+                print(f"repeat {r + 1}/{args.repeats} batch {b} {graphs}/{rule}: "
+                      f"{res['tokens_per_s']:.0f} tok/s", flush=True)
+    rows = []
+    for (graphs, rule, b), results in runs.items():
+        med = {k: statistics.median(x[k] for x in results) if results[0][k] is not None else None
+               for k in ("tokens_per_s", "acceptance_rate", "tokens_per_step", "wall_s")}
+        rows.append({"graphs": graphs, "rule": rule, "batch": b, **med,
+                     "tokens_per_s_runs": [x["tokens_per_s"] for x in results]})
+    for row in rows:
+        base = next(x for x in rows if x["graphs"] == row["graphs"] and x["batch"] == row["batch"]
+                    and x["rule"] == "target-only") if "target-only" in args.rules else None
+        row["speedup"] = row["tokens_per_s"] / base["tokens_per_s"] if base else None
+    costs = {}
+    for graphs in args.graphs:
+        spec = engines.get((graphs, "exact")) or engines.get((graphs, "pcg"))
+        if spec is None:
+            continue
+        target_1 = forward_ms(spec.target, 1, args.context)
+        target_v = forward_ms(spec.target, args.gamma + 1, args.context)
+        draft_1 = forward_ms(spec.draft, 1, args.context)
+        costs[graphs] = {"target_1_ms": target_1, "target_verify_ms": target_v, "draft_1_ms": draft_1,
+                         "c": draft_1 / target_1, "v": target_v / target_1}
+        for row in rows:
+            if row["graphs"] == graphs and row["acceptance_rate"] is not None:
+                row["leviathan_bound"] = leviathan_bound(row["acceptance_rate"], args.gamma,
+                                                         costs[graphs]["c"], costs[graphs]["v"])
+                row["share_of_bound"] = row["speedup"] / row["leviathan_bound"] if row["speedup"] else None
+    return {"command": "pcgtts bench step " + " ".join(sys.argv[sys.argv.index("step") + 1:])
+            if "step" in sys.argv else " ".join(sys.argv),
+            "machine": machine(), "gamma": args.gamma, "temperature": args.temperature,
+            "max_tokens": args.max_tokens, "repeats": args.repeats, "start_up": start_up,
+            "forward_costs": costs, "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    m = result["machine"]
+    lines = [f"# Decode speed: target-only vs exact SD vs PCG (`{result['command']}`)", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} "
+             f"thread(s); native bf16: {m['native_bf16']}; CUDA: {m['cuda']}. γ={result['gamma']}, "
+             f"T={result['temperature']}, medians of {result['repeats']} round-robin repeats.", "",
+             "| graphs | batch | rule | tokens/s | speed-up | α | tokens/step | Leviathan bound | share |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
+    for r in sorted(result["rows"], key=lambda r: (r["batch"], r["graphs"], RULES.index(r["rule"]))):
+        lines.append(f"| {r['graphs']} | {r['batch']} | {r['rule']} | {r['tokens_per_s']:.0f} | "
+                     f"{fmt(r['speedup'], '.2f')}x | {fmt(r['acceptance_rate'], '.2f')} | "
+                     f"{r['tokens_per_step']:.2f} | {fmt(r.get('leviathan_bound'), '.2f')} | "
+                     f"{fmt(r.get('share_of_bound'), '.2f')} |")
+    lines += ["", "Forward costs (batch 1, ms, medians): c = draft/target, v = verify (γ+1 tokens)/single.",
+              "", "| graphs | target 1 token | target γ+1 tokens | draft 1 token | c | v |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for g, c in result["forward_costs"].items():
+        lines.append(f"| {g} | {c['target_1_ms']:.2f} | {c['target_verify_ms']:.2f} | {c['draft_1_ms']:.2f} "
+                     f"| {c['c']:.2f} | {c['v']:.2f} |")
+    lines += ["", "Start-up (engine construction incl. graph capture, seconds; a warm inductor cache makes "
+              "later ones short):", ""]
+    for k, s in result["start_up"].items():
+        lines.append(f"- {k}: {s['seconds']:.1f} (capture {s['capture_seconds']:.1f})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
+    for ax, b in zip(axes[0], batches, strict=True):
+        rows = [r for r in result["rows"] if r["batch"] == b]
+        labels = [f"{r['graphs']}\n{r['rule']}" for r in rows]
+        ax.bar(labels, [r["tokens_per_s"] for r in rows], color=["tab:grey", "tab:blue", "tab:orange"] * 4)
+        ax.set_title(f"batch {b}")
+        ax.set_ylabel("tokens/s (median)")
+        ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "step_speed.md").write_text(markdown(result))
+    plot(result, args.out / "step_speed.png")
+    print(markdown(result))
+    return 0

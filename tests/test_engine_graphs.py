@@ -1,0 +1,74 @@
+"""Captured decode graphs (torch.compile on CPU) compute what the eager forward does.
+
+Compiling is slow on a small CPU, so this module compiles one tiny target-only engine (two graphs: one row,
+and many rows with any context length) and checks it against the eager engine and the eager forward.
+bench/gpu_check.sh runs it with PCGTTS_TEST_DEVICE=cuda, where the mode under test is CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_support import DEVICE, engine_config, one_torch_thread, save_tiny_llama  # noqa: F401 (fixture)
+
+from engine import Engine, SamplingParams
+from engine.block_manager import SeqBlocks
+
+MODE = "cuda_graphs" if DEVICE.startswith("cuda") else "compile"
+GREEDY = SamplingParams(temperature=0, max_tokens=40)
+# fp32 logits of a captured graph may differ from eager by re-associated sums (fused kernels): the
+# tolerance is a few float32 ulps of logits of size ~1, far below any gap between top tokens here
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("graphs")
+    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=5)
+    eager = Engine(engine_config(target, block_size=8, dtype="float32"))
+    captured = Engine(engine_config(target, block_size=8, dtype="float32", decode_graphs=MODE,
+                                    compile_cache_dir=root / "inductor"))
+    return eager, captured
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(k),), generator=gen).tolist()
+            for k in torch.randint(2, 30, (n,), generator=gen)]
+
+
+def test_captured_engine_decodes_the_same_greedy_tokens(engines):
+    eager, captured = engines
+    assert captured.target.captured is not None and eager.target.captured is None
+    for batch in (prompts(5, seed=1), prompts(1, seed=2)):  # many rows, then one row
+        want = [g.token_ids for g in eager.generate(batch, GREEDY)]
+        got = [g.token_ids for g in captured.generate(batch, GREEDY)]
+        assert got == want
+
+
+def test_captured_forward_matches_eager_logits_and_cache(engines):
+    _, captured = engines
+    runner = captured.target
+    states = [SeqBlocks() for _ in range(3)]
+    gen = torch.Generator().manual_seed(3)
+    chunks = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (5, 17, 30)]  # 1, 3, 4 blocks
+    for st, chunk in zip(states, chunks, strict=True):
+        st.ensure(runner.blocks, len(chunk) + 1)
+    runner.forward_chunks(states, chunks)  # prefill (eager: T is not a decode shape)
+    lengths = torch.tensor([st.num_computed for st in states])
+    ids = torch.tensor([[7], [8], [9]], device=runner.device)
+    positions = lengths[:, None].to(runner.device)
+    valid = torch.ones(3, 1, dtype=torch.bool, device=runner.device)
+    tables = runner.block_tables(states, int(lengths.max()) + 1)
+    before = [t.clone() for t in runner.cache.tensors()]
+    got = runner.logits(runner.forward(ids, positions, valid, tables))
+    cache_got = [t.clone() for t in runner.cache.tensors()]
+    for t, b in zip(runner.cache.tensors(), before, strict=True):
+        t.copy_(b)
+    want = runner.logits(runner.forward(ids, positions, valid, tables, eager=True))
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    for g, w, b in zip(cache_got, runner.cache.tensors(), before, strict=True):
+        torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
+        assert not torch.equal(g, b)  # the new K/V were written, in place, by the graph
+    for st in states:
+        st.release(runner.blocks)
