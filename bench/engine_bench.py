@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers.generate reference")
+    parser.add_argument("--no-hf-assisted", action="store_true",
+                        help="skip transformers' assisted generation (the draft as assistant_model)")
+    parser.add_argument("--decode-graphs", default="eager",
+                        help="the engine's EngineConfig.decode_graphs (eager, compile, cuda_graphs, auto)")
     parser.add_argument("--modes", nargs="+", default=["target-only", "exact", "pcg"])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="random pair: model shape")
     parser.add_argument("--residual-gain", type=float, default=0.1, help="random pair: later-layer damping")
@@ -119,6 +123,11 @@ def build_table(target: Path, theta: float, out: Path, offset: int = 0, device: 
     return out
 
 
+# vLLM's CPU build needs its own environment (~150 packages, its own torch pins; see the README's results
+# section); this benchmark does not install or fake it.
+VLLM_SKIP = "vLLM's CPU build is not installed in an environment of its own here; not measured"
+
+
 def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, length), generator=gen).tolist()
@@ -135,7 +144,8 @@ class EngineRunner:
             target=setup.target, draft=setup.draft if spec else None,
             acceptance=mode if spec else "exact", asg_table=setup.asg_table,
             num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
-            max_num_seqs=max(args.batch_sizes), kv_budget_tokens=max(args.batch_sizes) * per_seq))
+            decode_graphs=getattr(args, "decode_graphs", "eager"), max_num_seqs=max(args.batch_sizes),
+            kv_budget_tokens=max(args.batch_sizes) * per_seq))
 
     def run(self, prompts, params) -> tuple[float, int, dict]:
         before = self.engine.metrics()
@@ -154,17 +164,30 @@ class EngineRunner:
 
 
 class HFRunner:
-    mode = "transformers"
+    """transformers `generate` on the same target; with `assisted`, the draft as its assistant_model
+    (transformers' own speculative decoding, which it runs for one sequence at a time only)."""
 
-    def __init__(self, setup: BenchSetup, args):
+    def __init__(self, setup: BenchSetup, args, assisted: bool = False):
         from transformers import LlamaForCausalLM
 
         from engine.model.loader import resolve_dtype
 
         device = torch.device(args.device)
         self.device = device
-        self.model = LlamaForCausalLM.from_pretrained(setup.target, dtype=resolve_dtype(args.dtype, device))
-        self.model.to(device).eval()
+        self.mode = "transformers-assisted" if assisted else "transformers"
+        dtype = resolve_dtype(args.dtype, device)
+        self.model = LlamaForCausalLM.from_pretrained(setup.target, dtype=dtype).to(device).eval()
+        self.extra = {}
+        if assisted:
+            assistant = LlamaForCausalLM.from_pretrained(setup.draft, dtype=dtype).to(device).eval()
+            assistant.generation_config.num_assistant_tokens = args.gamma
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            self.extra = {"assistant_model": assistant}
+
+    def skip_reason(self, batch: int) -> str | None:
+        if self.extra and batch > 1:
+            return "transformers' assisted generation supports batch size 1 only"
+        return None
 
     @torch.inference_mode()
     def run(self, prompts, params) -> tuple[float, int, dict]:
@@ -174,7 +197,7 @@ class HFRunner:
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=params.max_tokens,
                                   min_new_tokens=params.max_tokens, do_sample=sample,
                                   temperature=params.temperature if sample else None, top_k=0,
-                                  top_p=params.top_p if sample else None, pad_token_id=0)
+                                  top_p=params.top_p if sample else None, pad_token_id=0, **self.extra)
         _sync(self.device)
         elapsed = time.perf_counter() - start
         return elapsed, (out.shape[1] - ids.shape[1]) * ids.shape[0], {}
@@ -192,6 +215,8 @@ def run_bench(args, setup: BenchSetup, progress=print) -> list[dict]:
     runners = [EngineRunner(mode, setup, args) for mode in args.modes]
     if not args.no_hf:
         runners.append(HFRunner(setup, args))
+    if not getattr(args, "no_hf_assisted", True) and setup.draft is not None:
+        runners.append(HFRunner(setup, args, assisted=True))
     vocab = runners[0].engine.vocab_size
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=None)
@@ -199,19 +224,24 @@ def run_bench(args, setup: BenchSetup, progress=print) -> list[dict]:
     for batch in args.batch_sizes:
         prompts = make_prompts(batch, args.prompt_len, vocab, seed=batch)
         warm = SamplingParams(temperature=args.temperature, max_tokens=4)
-        for r in runners:
+        skipped = {r.mode: r.skip_reason(batch) for r in runners if getattr(r, "skip_reason", None)}
+        for mode, reason in skipped.items():
+            if reason:
+                rows.append({"mode": mode, "batch": batch, "skipped": reason})
+        active = [r for r in runners if not skipped.get(r.mode)]
+        for r in active:
             r.run(prompts, warm)
-        times = {r.mode: [] for r in runners}
+        times = {r.mode: [] for r in active}
         tokens, stats = {}, {}
         for rep in range(args.repeats):
-            for r in runners:
+            for r in active:
                 elapsed, n, st = r.run(prompts, params)
                 times[r.mode].append(elapsed)
                 tokens[r.mode] = n
                 stats.setdefault(r.mode, []).append(st)
             progress(f"batch {batch}: repeat {rep + 1}/{args.repeats} done")
         base = statistics.median(times["target-only"]) if "target-only" in times else None
-        for r in runners:
+        for r in active:
             med = statistics.median(times[r.mode])
             st = stats[r.mode]
             acc = [s["acceptance_rate"] for s in st if s.get("acceptance_rate") is not None]
@@ -227,12 +257,15 @@ def run_bench(args, setup: BenchSetup, progress=print) -> list[dict]:
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'mode':<13}{'batch':>6}{'tok/s':>10}{'x target':>10}{'accept':>9}{'mean len':>10}"]
+    lines = [f"{'mode':<22}{'batch':>6}{'tok/s':>10}{'x target':>10}{'accept':>9}{'mean len':>10}"]
     for r in rows:
+        if r.get("skipped"):
+            lines.append(f"{r['mode']:<22}{r['batch']:>6}  skipped: {r['skipped']}")
+            continue
         acc = f"{r['acceptance_rate']:.3f}" if r["acceptance_rate"] is not None else "-"
         mlen = f"{r['mean_accepted_len']:.2f}" if r["mean_accepted_len"] is not None else "-"
         spd = f"{r['speedup_vs_target_only']:.2f}" if r["speedup_vs_target_only"] else "-"
-        lines.append(f"{r['mode']:<13}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{spd:>10}{acc:>9}{mlen:>10}")
+        lines.append(f"{r['mode']:<22}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{spd:>10}{acc:>9}{mlen:>10}")
     return "\n".join(lines)
 
 
@@ -251,6 +284,7 @@ def main(args) -> int:
             setup.description += f"; ASG table built from the target's embeddings at θ={theta}"
         print(setup.description)
         rows = run_bench(args, setup)
+    rows += [{"mode": "vllm-cpu", "batch": b, "skipped": VLLM_SKIP} for b in args.batch_sizes]
     print(format_rows(rows))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check (< 8 minutes on one CUDA GPU): the engine's equivalence tests on the device, then the engine
-# benchmark (target-only / exact / pcg / transformers, batch 1 and 16) on a Llasa-1B-shaped random pair.
+# GPU check (< 8 minutes on one CUDA GPU): the engine's equivalence tests on the device (incl. CUDA-graph
+# decode vs eager: tests/engine/test_engine_graphs.py), then the engine benchmark (target-only / exact / pcg /
+# transformers, batch 1 and 16) on a Llasa-1B-shaped random pair, eager and with CUDA graphs.
 #
 #   bench/gpu_check.sh [OUT_DIR]          results: OUT_DIR/{env.txt,tests.log,bench.log,engine.json}
 #
@@ -44,13 +45,20 @@ start=$SECONDS
 echo "== equivalence tests on $DEVICE"
 PCGTTS_TEST_DEVICE=$DEVICE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
   tests/engine/test_engine_model.py tests/engine/test_engine_greedy.py tests/engine/test_engine_sampling.py \
-  tests/engine/test_engine_llasa.py 2>&1 | tee "$OUT/tests.log"
+  tests/engine/test_engine_llasa.py tests/engine/test_engine_graphs.py 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "tests: exit $tests_rc after $((SECONDS - start)) s"
 
 echo "== engine bench, shape $SHAPE on $DEVICE"
-timeout 330 "$PYTHON" -m bench.engine_bench --shape "$SHAPE" --device "$DEVICE" --batch-sizes 1 16 \
-  --max-tokens 128 --prompt-len 64 --repeats "$REPEATS" --out "$OUT" 2>&1 | tee "$OUT/bench.log"
-bench_rc=${PIPESTATUS[0]}
+GRAPHS=eager
+[[ $DEVICE == cuda* ]] && GRAPHS="eager cuda_graphs"
+bench_rc=0
+for graphs in $GRAPHS; do
+  mkdir -p "$OUT/$graphs"
+  timeout 165 "$PYTHON" -m bench.engine_bench --shape "$SHAPE" --device "$DEVICE" --batch-sizes 1 16 \
+    --max-tokens 128 --prompt-len 64 --repeats "$REPEATS" --decode-graphs "$graphs" --out "$OUT/$graphs" \
+    2>&1 | tee "$OUT/$graphs/bench.log"
+  (( PIPESTATUS[0] != 0 )) && bench_rc=1
+done
 echo "bench: exit $bench_rc; total $((SECONDS - start)) s"
 exit $(( tests_rc != 0 || bench_rc != 0 ))

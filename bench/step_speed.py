@@ -28,7 +28,7 @@ import torch
 from bench.acceptance_sweep import SENTENCES
 from engine import Engine, EngineConfig, SamplingParams
 from engine.block_manager import SeqBlocks
-from engine.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 RULES = ("target-only", "exact", "pcg")
 

@@ -49,6 +49,9 @@ class ServerSettings:
     extra_asg_tables: str | None = _opt(None, "more ASG tables requests may pick by name (`asg_table`): "
                                               "comma-separated FILE or NAME=FILE (name: the file's stem)")
     kv_budget_tokens: int | None = _opt(TTSConfig.kv_budget_tokens, "KV-cache capacity in tokens per model")
+    decode_graphs: str = _opt(TTSConfig.decode_graphs, "decode forwards from captured graphs: eager | "
+                              "compile (torch.compile, CPU: minutes at start-up, cached under "
+                              "DATA_DIR/inductor) | cuda_graphs | auto (cuda_graphs on CUDA, else eager)")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
     max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")

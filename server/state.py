@@ -29,7 +29,8 @@ def tts_config(settings: ServerSettings) -> TTSConfig:
     return TTSConfig(
         **{name: getattr(settings, name) for name in shared},
         model_dir=settings.model or TTSConfig.model_dir, codec_dir=settings.codec, draft_dir=settings.draft,
-        extra_asg_tables=settings.extra_asg_table_paths)
+        extra_asg_tables=settings.extra_asg_table_paths,
+        compile_cache_dir=Path(settings.data_dir) / "inductor")
 
 
 class AppState:

@@ -60,6 +60,8 @@ class TTSConfig:
     kv_budget_tokens: int | None = EngineConfig.kv_budget_tokens
     max_num_seqs: int = EngineConfig.max_num_seqs
     max_waiting: int = EngineConfig.max_waiting
+    decode_graphs: str = EngineConfig.decode_graphs  # eager | compile | cuda_graphs | auto (EngineConfig)
+    compile_cache_dir: str | Path | None = None  # inductor's cache for decode_graphs=compile
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
@@ -128,6 +130,8 @@ class TTSService:
             kv_budget_tokens=config.kv_budget_tokens,
             max_num_seqs=config.max_num_seqs,
             max_waiting=config.max_waiting,
+            decode_graphs=config.decode_graphs,
+            compile_cache_dir=config.compile_cache_dir,
         )
         engine = AsyncEngine(engine_config)
         service = cls(config, bundle, family, codec, engine, {})

@@ -41,6 +41,10 @@ ForwardFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], t
 MODES = ("eager", "compile", "cuda_graphs", "auto")
 
 
+# inductor writes its own default into the environment on first use; remember what the user set
+_USER_CACHE_DIR = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
 def default_cache_dir() -> Path:
     """Where compiled decode graphs persist between runs: $XDG_CACHE_HOME/pcgtts/inductor."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -114,7 +118,9 @@ class CompiledForward(CapturedForward):
         # later when they differ.
         fx_config.use_duck_shape = False
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir or default_cache_dir()))
+        # inductor reads its cache location from the environment (process-wide): an explicit cache_dir
+        # wins, then the user's TORCHINDUCTOR_CACHE_DIR, then ours
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir or _USER_CACHE_DIR or default_cache_dir())
         # one compiled callable per T, so that the graphs of one T never evict another's
         self._compiled = {t: torch.compile(fn, fullgraph=True) for t in self.token_counts}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import DEVICE, engine_config, one_torch_thread, save_tiny_llama  # noqa: F401 (fixture)
+from engine_support import DEVICE, engine_config, save_tiny_llama
 
 from engine import Engine, SamplingParams
 from engine.block_manager import SeqBlocks
