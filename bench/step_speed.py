@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--compile-cache-dir", type=Path, default=None,
                         help="inductor cache (default: EngineConfig's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (the server's CPU default is 1; 0 = torch's default)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
 
 
@@ -129,6 +131,8 @@ def machine() -> dict:
 
 
 def run(args) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     bundle = ModelBundle.from_dir(args.model)
     requests = {b: speech_requests(bundle, b, args.temperature, args.max_tokens) for b in args.batch_sizes}
     engines, start_up = {}, {}

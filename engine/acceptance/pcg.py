@@ -29,6 +29,10 @@ from engine.acceptance.base import (
 from engine.acceptance.sampling import sample_rows, sample_segments, uniform
 from engine.acceptance.verdict import Verdict
 
+# Up to this vocabulary size, enumerated PCG works on padded member matrices ([M, largest group]): fewer ops
+# per step; beyond it, ragged segment sums and sparse products cost less memory.
+DENSE_COARSE_MAX_V = 16384
+
 
 class PCGRule(AcceptanceRule):
     name = "pcg"
@@ -74,6 +78,9 @@ class PCGRule(AcceptanceRule):
         u_label = uniform((b, g), generator, device)
         # 1-2. group labels and the coarse acceptance test, for all B·γ positions at once
         labels = table.draw_label(draft_tokens, u_label)  # [B, γ]
+        if self.residual == "enumerate" and table.vocab_size <= DENSE_COARSE_MAX_V:
+            return self._verify_small(table, draft_tokens, draft_probs, target_probs, labels, u_accept,
+                                      u_emit, generator)
         bi = torch.arange(b, device=device).repeat_interleave(g)
         pi = torch.arange(g, device=device).repeat(b)
         p_c = table.group_mass(draft_probs, (bi, pi), labels.flatten()).view(b, g)
@@ -104,6 +111,48 @@ class PCGRule(AcceptanceRule):
             )
             last_token[rejected], last_group[rejected] = tokens, groups
         return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+
+    def _verify_small(self, table, draft_tokens, draft_probs, target_probs, labels, u_accept, u_emit,
+                      generator) -> Verdict:
+        """The same verdict for small tables with few ops (at this size a step costs its op count, not its
+        arithmetic): the labels' masses from every group's members as one padded matrix, the emission
+        residual from one sparse product. Same draws as the general path, so seeds replay it."""
+        b, g = draft_tokens.shape
+        members_pad, weights_pad = self._padded_groups(table)  # [M, Gmax]
+        label_members, label_weights = members_pad[labels], weights_pad[labels]  # [B, γ, Gmax]
+        p_c = (torch.gather(draft_probs, 2, label_members).double() * label_weights).sum(-1)  # [B, γ]
+        q_c = (torch.gather(target_probs[:, :g], 2, label_members).double() * label_weights).sum(-1)
+        num_accepted = count_accepted(u_accept * p_c < q_c)
+        # emission position n_b: group ~ norm[Q_c - P_c]_+ (P_c = 0 at the bonus slot), token ~ q within it;
+        # Q_c - P_c is the coarse-graining of q - p (linear)
+        q_row = rows_at(target_probs, num_accepted)  # [B, V]
+        diff = q_row - draft_rows_or_zero(draft_probs, num_accepted)
+        residual = table.coarse(diff).clamp_(min=0.0)  # [B, M], one sparse product
+        empty = residual.sum(-1) <= 0  # P_c == Q_c up to rounding (rejection had probability ~0): use Q_c
+        if bool(empty.any()):
+            residual[empty] = table.coarse(q_row[empty])
+        group = sample_rows(residual, generator, u=u_emit)  # [B]
+        members = members_pad[group]  # [B, Gmax]
+        flat = (torch.arange(b, device=group.device) * (g + 1) + num_accepted) * table.vocab_size  # [B]
+        weights = torch.take(target_probs, flat[:, None] + members).double() * weights_pad[group]
+        last_token = torch.gather(members, 1, sample_rows(weights, generator)[:, None])[:, 0]
+        last_group = torch.where(num_accepted < g, group, -1)
+        return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+
+    def _padded_groups(self, table: ASGTable) -> tuple[torch.Tensor, torch.Tensor]:
+        """Members of every group as rows of one matrix, Long[M, Gmax] (padding: token 0), and their
+        weights w_{k,t} = 1/N(t), Float64[M, Gmax] (padding: 0). Built once per table."""
+        if getattr(self, "_padded_for", None) is not table:
+            sizes = table.group_sizes()
+            width = int(sizes.max())
+            cols = torch.arange(width, device=sizes.device)
+            inside = cols[None, :] < sizes[:, None]  # [M, Gmax]
+            last = len(table.group_members) - 1
+            index = (table.group_indptr[:-1].long()[:, None] + cols[None, :]).clamp(max=last)
+            members = torch.where(inside, table.group_members.long()[index], 0)
+            self._padded = (members, torch.where(inside, table.inv_owners[members], 0.0))
+            self._padded_for = table
+        return self._padded
 
     def _enumerated_emission(self, table, draft_probs, target_probs, num_accepted, u_emit, generator):
         """(token, group) for every row at its emission position, by enumeration. A bonus row (all γ
