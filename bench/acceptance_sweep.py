@@ -268,9 +268,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", default=None,
                         help="comma-separated rule names to run (target-only always runs), e.g. exact,pcg")
     parser.add_argument("--max-tokens", type=int, default=800, help="cap on generated tokens per utterance")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (the server's CPU default is 1; 0 = torch's default)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
     rows = run_sweep(args.model, args.out, quick=args.quick, gamma=args.gamma,
                      temperature=args.temperature, seed=args.seed, device=args.device,
                      with_asr=not args.no_asr, max_tokens=args.max_tokens,
