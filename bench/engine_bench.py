@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers.generate reference")
     parser.add_argument("--no-hf-assisted", action="store_true",
                         help="skip transformers' assisted generation (the draft as assistant_model)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for every runner (0 = torch's default)")
     parser.add_argument("--decode-graphs", default="eager",
                         help="the engine's EngineConfig.decode_graphs (eager, compile, cuda_graphs, auto)")
     parser.add_argument("--modes", nargs="+", default=["target-only", "exact", "pcg"])
@@ -270,6 +272,8 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(args) -> int:
+    if getattr(args, "threads", 0):
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         shape = SHAPES[args.shape]
         if args.target is None:
@@ -289,6 +293,7 @@ def main(args) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"setup": setup.description, "device": args.device, "gamma": args.gamma,
+                "decode_graphs": getattr(args, "decode_graphs", "eager"),
                 "max_tokens": args.max_tokens, "prompt_len": args.prompt_len, "temperature": args.temperature,
                 "threads": torch.get_num_threads()}
         (args.out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
