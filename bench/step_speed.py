@@ -86,26 +86,32 @@ def run_once(engine: Engine, prompts, params) -> dict:
             "tokens_per_step": tokens / sum(g.num_steps for g in gens)}
 
 
-def forward_ms(runner, num_tokens: int, context: int, reps: int = 30) -> float:
-    """Median ms of one decode forward of `num_tokens` tokens at batch 1 over `context` cached tokens
-    (through the runner's captured graph when it has one for that shape). Scratch positions only."""
-    state = SeqBlocks()
-    state.ensure(runner.blocks, context + num_tokens)
-    try:
+def forward_costs(shapes: dict[str, tuple], context: int, reps: int = 40) -> dict[str, float]:
+    """Median ms of one decode forward per named (runner, tokens per row) at batch 1 over `context` cached
+    tokens (through the runner's captured graph when it has one for that shape), the shapes timed in turn
+    within each repeat so that a shared machine's drift hits all alike. Writes scratch positions only."""
+    prepared = {}
+    for name, (runner, num_tokens) in shapes.items():
+        state = SeqBlocks()
+        state.ensure(runner.blocks, context + num_tokens)
         dev = runner.device
         ids = torch.zeros(1, num_tokens, dtype=torch.long, device=dev)
         positions = (context + torch.arange(num_tokens, device=dev))[None]
         valid = torch.ones(1, num_tokens, dtype=torch.bool, device=dev)
-        tables = runner.block_tables([state], context + num_tokens)
-        times = []
+        prepared[name] = (runner, state, (ids, positions, valid,
+                                          runner.block_tables([state], context + num_tokens)))
+    times: dict[str, list[float]] = {name: [] for name in shapes}
+    try:
         for i in range(reps + 3):
-            t0 = time.perf_counter()
-            runner.logits(runner.forward(ids, positions, valid, tables))
-            if i >= 3:
-                times.append(time.perf_counter() - t0)
-        return 1e3 * statistics.median(times)
+            for name, (runner, _, inputs) in prepared.items():
+                t0 = time.perf_counter()
+                runner.logits(runner.forward(*inputs))
+                if i >= 3:
+                    times[name].append(time.perf_counter() - t0)
     finally:
-        state.release(runner.blocks)
+        for runner, state, _ in prepared.values():
+            state.release(runner.blocks)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
 def leviathan_bound(alpha: float, gamma: int, c: float, v: float) -> float:
@@ -168,9 +174,9 @@ def run(args) -> dict:
         spec = engines.get((graphs, "exact")) or engines.get((graphs, "pcg"))
         if spec is None:
             continue
-        target_1 = forward_ms(spec.target, 1, args.context)
-        target_v = forward_ms(spec.target, args.gamma + 1, args.context)
-        draft_1 = forward_ms(spec.draft, 1, args.context)
+        ms = forward_costs({"target_1": (spec.target, 1), "target_v": (spec.target, args.gamma + 1),
+                            "draft_1": (spec.draft, 1)}, args.context)
+        target_1, target_v, draft_1 = ms["target_1"], ms["target_v"], ms["draft_1"]
         costs[graphs] = {"target_1_ms": target_1, "target_verify_ms": target_v, "draft_1_ms": draft_1,
                          "c": draft_1 / target_1, "v": target_v / target_1}
         for row in rows:
