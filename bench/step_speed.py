@@ -174,7 +174,9 @@ def run(args) -> dict:
         spec = engines.get((graphs, "exact")) or engines.get((graphs, "pcg"))
         if spec is None:
             continue
-        ms = forward_costs({"target_1": (spec.target, 1), "target_v": (spec.target, args.gamma + 1),
+        # the target-only engine's target has the captured 1-token graph (the speculative one: γ+1 only)
+        single = engines.get((graphs, "target-only"), spec).target
+        ms = forward_costs({"target_1": (single, 1), "target_v": (spec.target, args.gamma + 1),
                             "draft_1": (spec.draft, 1)}, args.context)
         target_1, target_v, draft_1 = ms["target_1"], ms["target_v"], ms["draft_1"]
         costs[graphs] = {"target_1_ms": target_1, "target_verify_ms": target_v, "draft_1_ms": draft_1,
