@@ -86,10 +86,11 @@ class Engine:
         positions = self.max_model_len + self.gamma + 1
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir)
-        # decode shapes: the target scores γ+1 tokens per row (1 alone); the draft feeds 1, or 2 when it
-        # catches up after a fully accepted round
+        # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
+        # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
+        target_tokens = (1, self.gamma + 1)
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions),
-                                  num_blocks, block_size, backend, decode_tokens=(self.gamma + 1,), **graphs)
+                                  num_blocks, block_size, backend, decode_tokens=target_tokens, **graphs)
         self.draft = None
         if draft_config is not None:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions),
