@@ -30,9 +30,7 @@ def test_quick_start_gives_the_basics_in_order():
 
 def test_docs_have_no_milestone_labels_or_private_notes():
     readme = sections((ROOT / "README.md").read_text())
-    # The benchmark results section is rewritten from bench/results/ separately; until then it is the one
-    # section allowed to keep its history (its old heading names it).
-    checked = {h: text for h, text in readme.items() if not h.startswith("Measured results (2-core CPU")}
+    checked = dict(readme)
     checked["model card"] = (ROOT / "models" / "demo-en" / "README.md").read_text()
     found = {where: DIARY.findall(text) for where, text in checked.items() if DIARY.search(text)}
     assert found == {}
