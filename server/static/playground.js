@@ -24,18 +24,24 @@ async function errorText(response) {
 }
 
 // ---------------------------------------------------------------------------------------------- voices
+// Calls can overlap (page load, an upload, an API-key change): only the latest one's answer is drawn, and
+// it keeps the current selection unless told which voice to select.
+let voicesRequest = 0;
 async function loadVoices(select) {
+  const request = ++voicesRequest;
   const response = await fetch("/v1/audio/voices", { headers: authHeaders() });
   if (!response.ok) { setStatus(`voices: ${await errorText(response)}`); return; }
   const body = await response.json();
+  if (request !== voicesRequest) return;
   const box = $("voice");
+  select = select || box.value;
   box.replaceChildren();
   for (const v of body.data) {
     const option = new Option(v.kind === "preset" ? v.name : `${v.name} (uploaded)`, v.id);
     option.dataset.kind = v.kind;
     box.append(option);
   }
-  if (select) box.value = select;
+  if ([...box.options].some((o) => o.value === select)) box.value = select;
 }
 
 async function loadRules() {
@@ -60,8 +66,8 @@ $("upload").addEventListener("submit", async (event) => {
   const response = await fetch("/v1/audio/voices", { method: "POST", body: form, headers: authHeaders() });
   if (!response.ok) { $("upload-status").textContent = await errorText(response); return; }
   const voice = await response.json();
-  $("upload-status").textContent = `uploaded “${voice.name}”`;
   await loadVoices(voice.id);
+  $("upload-status").textContent = `uploaded “${voice.name}”`;
 });
 
 // ----------------------------------------------------------------------------------------------- charts
