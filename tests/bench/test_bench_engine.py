@@ -1,0 +1,32 @@
+"""`pcgtts bench engine` end to end on the embedded pair: our modes and transformers side by side, CPU
+time beside wall time, and a peer that is not installed reported as a skip row, never as a number."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pcgtts.cli import main as pcgtts_main
+
+BUNDLE = Path(__file__).resolve().parents[2] / "models" / "demo-en"
+
+
+def test_engine_bench_rows_and_missing_vllm_peer(tmp_path):
+    out = tmp_path / "out"
+    code = pcgtts_main(["bench", "engine", "--target", str(BUNDLE / "target"), "--draft", str(BUNDLE / "draft"),
+                        "--asg-table", str(BUNDLE / "asg.safetensors"), "--batch-sizes", "1", "2",
+                        "--repeats", "1", "--max-tokens", "12", "--speech-prompts", str(BUNDLE), "--no-hf-assisted",
+                        "--vllm-python", str(tmp_path / "no-such-env" / "python"), "--out", str(out)])
+    assert code == 0
+    rows = json.loads((out / "engine.json").read_text())["rows"]
+    measured = {(r["mode"], r["batch"]): r for r in rows if not r.get("skipped")}
+    for mode in ("target-only", "exact", "pcg", "transformers"):
+        for batch in (1, 2):
+            row = measured[(mode, batch)]
+            assert row["tokens"] == 12 * batch and row["tokens_per_s"] > 0
+            assert 0 < row["cpu_per_wall"] < 4  # process CPU seconds per wall second: one to two cores
+            assert 0 <= row["unlikely_token_share"] <= 1
+    assert measured[("target-only", 1)]["speedup_vs_target_only"] == 1.0
+    skipped = [r for r in rows if r.get("skipped")]
+    assert [r["batch"] for r in skipped if r["mode"] == "vllm-cpu"] == [1, 2]
+    assert all("make install-vllm-peer" in r["skipped"] for r in skipped)
