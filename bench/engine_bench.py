@@ -387,6 +387,44 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(rows: list[dict], repeats: int) -> str:
+    lines = [f"| batch | runner | tokens/s (median of {repeats}) | x our target-only | drafts accepted "
+             "| CPU s per wall s | sampled tokens with target p < 1e-4 |", "|" + " --- |" * 7]
+    for r in sorted(rows, key=lambda r: r["batch"]):
+        if r.get("skipped"):
+            lines.append(f"| {r['batch']} | {r['mode']} | skipped: {r['skipped']} | | | | |")
+            continue
+        acc = f"{r['acceptance_rate']:.2f}" if r.get("acceptance_rate") is not None else "—"
+        spd = f"{r['speedup_vs_target_only']:.2f}x" if r.get("speedup_vs_target_only") else "—"
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['tokens_per_s']:.1f} | {spd} | {acc} "
+                     f"| {r['cpu_per_wall']:.2f} | {r['unlikely_token_share']:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_rows(rows: list[dict], path: Path) -> None:
+    """Tokens/s against batch size, one line per runner (log scales)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in dict.fromkeys(r["mode"] for r in rows if not r.get("skipped")):
+        pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
+                     if r["mode"] == mode and not r.get("skipped"))
+        ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequences decoded together")
+    ax.set_ylabel("generated tokens per second")
+    ax.set_title("Engine throughput, same target and prompts")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(args) -> int:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
@@ -416,6 +454,8 @@ def main(args) -> int:
                             else f"random, {args.prompt_len} tokens"),
                 "threads": torch.get_num_threads()}
         (args.out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (args.out / "table.md").write_text(markdown_table(rows, args.repeats))
+        plot_rows(rows, args.out / "engine.png")
     return 0
 
 

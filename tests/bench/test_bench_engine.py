@@ -13,9 +13,10 @@ BUNDLE = Path(__file__).resolve().parents[2] / "models" / "demo-en"
 
 def test_engine_bench_rows_and_missing_vllm_peer(tmp_path):
     out = tmp_path / "out"
-    code = pcgtts_main(["bench", "engine", "--target", str(BUNDLE / "target"), "--draft", str(BUNDLE / "draft"),
-                        "--asg-table", str(BUNDLE / "asg.safetensors"), "--batch-sizes", "1", "2",
-                        "--repeats", "1", "--max-tokens", "12", "--speech-prompts", str(BUNDLE), "--no-hf-assisted",
+    code = pcgtts_main(["bench", "engine", "--target", str(BUNDLE / "target"),
+                        "--draft", str(BUNDLE / "draft"), "--asg-table", str(BUNDLE / "asg.safetensors"),
+                        "--speech-prompts", str(BUNDLE), "--batch-sizes", "1", "2", "--repeats", "1",
+                        "--max-tokens", "12", "--no-hf-assisted",
                         "--vllm-python", str(tmp_path / "no-such-env" / "python"), "--out", str(out)])
     assert code == 0
     rows = json.loads((out / "engine.json").read_text())["rows"]
@@ -30,3 +31,6 @@ def test_engine_bench_rows_and_missing_vllm_peer(tmp_path):
     skipped = [r for r in rows if r.get("skipped")]
     assert [r["batch"] for r in skipped if r["mode"] == "vllm-cpu"] == [1, 2]
     assert all("make install-vllm-peer" in r["skipped"] for r in skipped)
+    table = (out / "table.md").read_text()
+    assert table.count("| 2 | exact |") == 1 and "skipped: vLLM's CPU environment not found" in table
+    assert (out / "engine.png").stat().st_size > 0
