@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from engine.acceptance import logits_to_probs
+from engine.acceptance.warp import GREEDY_EPS
 from engine.acceptance.sampling import sample_rows
 from engine.sequence import Sequence
 
@@ -37,6 +38,11 @@ class BatchSampler:
         self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
         self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         self.generators = [s.generator or shared_generator for s in seqs]
+        # Every row plain temperature sampling (no greedy row, no top-k, no top-p: the common case): probs
+        # are softmax(logits / T), the very numbers logits_to_probs computes, without its per-call checks.
+        self._temperature_only = all(p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size
+                                     and p.top_p >= 1.0 for p in params)
+        self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
         self.penalty = None
         if any(p.repetition_penalty != 1.0 for p in params):
             self.penalty = torch.tensor([p.repetition_penalty for p in params], device=device)
@@ -44,7 +50,12 @@ class BatchSampler:
                 if s.presence is None:
                     s.presence = presence_of(s.token_ids, vocab_size, device)
             self.presence = torch.stack([s.presence for s in seqs])  # [B, V]
-        self.constrained = [(b, s) for b, s in enumerate(seqs) if s.params.constraint is not None]
+        # constrained rows by constraint class: each class constrains all its rows at once (apply_rows)
+        self.constrained: dict[type, list[int]] = {}
+        for b, s in enumerate(seqs):
+            if s.params.constraint is not None:
+                self.constrained.setdefault(type(s.params.constraint), []).append(b)
+        self._row_index = {cls: torch.tensor(rows, device=device) for cls, rows in self.constrained.items()}
 
     def probs(self, logits: torch.Tensor, drafts: torch.Tensor | None = None,
               offset: int = 0) -> torch.Tensor:
@@ -55,6 +66,8 @@ class BatchSampler:
             logits = self._penalise(logits, drafts, offset)
         if self.constrained:
             logits = self._constrain(logits, drafts, offset)
+        if self._temperature_only:
+            return torch.softmax(logits.float() / self._temperature_col, dim=-1)
         return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
@@ -71,20 +84,28 @@ class BatchSampler:
         return torch.where(seen, penalised, logits)
 
     def _constrain(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
-        logits = logits.clone()
         p = logits.shape[1]
         draft_lists = drafts.tolist() if drafts is not None else None
-        for b, seq in self.constrained:
-            generated = seq.output_ids
-            extra = draft_lists[b] if draft_lists is not None else []
-            histories = [generated + extra[:offset + i] for i in range(p)]
-            logits[b] = seq.params.constraint.apply(logits[b], histories)
-        return logits
+        out = None
+        for cls, rows in self.constrained.items():
+            histories = []
+            for b in rows:
+                generated = self.seqs[b].output_ids
+                extra = draft_lists[b] if draft_lists is not None else []
+                histories.append([generated + extra[:offset + i] for i in range(p)])
+            constraints = [self.seqs[b].params.constraint for b in rows]
+            if len(rows) == logits.shape[0]:  # every row: no copy of the unconstrained logits
+                return cls.apply_rows(constraints, logits, histories)
+            if out is None:
+                out = logits.clone()
+            index = self._row_index[cls]
+            out[index] = cls.apply_rows(constraints, logits[index], histories)
+        return out
 
     def uniforms(self) -> torch.Tensor:
         """Float64[B]: one U[0, 1) per row from that row's generator."""
-        return torch.cat([torch.rand(1, generator=g, device=self.device, dtype=torch.float64)
-                          for g in self.generators])
+        draws = [torch.rand(1, generator=g, device=self.device, dtype=torch.float64) for g in self.generators]
+        return draws[0] if len(draws) == 1 else torch.cat(draws)
 
     def sample(self, probs: torch.Tensor) -> torch.Tensor:
         """probs [B, V] -> Long[B], one draw per row from the row's own generator."""

@@ -39,8 +39,12 @@ def sample_rows(
     if v <= SINGLE_PASS_MAX_V:  # small vocabularies: one cumulative sum beats gathering blocks per draw
         cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # [R, V]
         idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-        last_positive = (torch.arange(v, device=weights.device) * (weights > 0)).argmax(-1, keepdim=True)
-        idx = torch.minimum(idx, last_positive)  # u * total rounding up to the total
+        # u * total rounding up to the total lands past the last positive weight (idx == V, the only way
+        # idx can miss one): take that token. On CPU testing for it costs fewer ops than always fixing it;
+        # elsewhere the fix-up avoids a host sync.
+        if weights.device.type != "cpu" or bool((idx >= v).any()):
+            last_positive = (torch.arange(v, device=weights.device) * (weights > 0)).argmax(-1, keepdim=True)
+            idx = torch.minimum(idx, last_positive)
         return idx.squeeze(1) if single else idx
     full = (v // BLOCK) * BLOCK
     # Block totals in the weights' own precision (sum(dtype=float64) would first copy all of V to float64);

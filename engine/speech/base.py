@@ -39,6 +39,16 @@ class DecodeConstraint(ABC):
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits: [n, V] float; histories: n generated-token lists -> constrained logits [n, V]."""
 
+    @classmethod
+    def apply_rows(cls, constraints: Sequence[DecodeConstraint], logits: torch.Tensor,
+                   histories: Sequence[Sequence[Sequence[int]]]) -> torch.Tensor:
+        """Several requests at once: logits [R, P, V], row r constrained by constraints[r] (all of class
+        `cls`) with histories[r] (P lists) -> [R, P, V]. Families override it to constrain the whole batch
+        in a few tensor ops (a decoding step pays per op, not per element); the result must equal each
+        row's `apply`."""
+        return torch.stack([c.apply(rows, h) for c, rows, h in zip(constraints, logits, histories,
+                                                                    strict=True)])
+
 
 @dataclass
 class SpeechPrompt:

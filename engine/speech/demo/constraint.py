@@ -48,6 +48,7 @@ class MarkerMergeConstraint(DecodeConstraint):
         merge[END] = True
         allowed = torch.zeros(vocab.vocab_size, dtype=torch.bool)
         allowed[vocab.code_offset:] = True
+        self._vocab_key = (vocab.vocab_size, self.marker_lo, self.marker_hi, self.code_lo)  # fixes both masks
         self._merge = merge  # [V] tokens whose mass moves to the expected marker
         self._blocked = ~(allowed | merge)  # [V] specials that never occur in generated speech
         # (history, its position) of recent calls: a new history that extends one of them is scanned only
@@ -98,27 +99,50 @@ class MarkerMergeConstraint(DecodeConstraint):
 
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         # logits: [n, V]
-        n = logits.shape[0]
-        merge, blocked = self._merge.to(logits.device), self._blocked.to(logits.device)
+        return self.apply_rows([self], logits[None], [histories])[0]
+
+    def _plan(self, histories: Sequence[Sequence[int]]) -> tuple[list[int], list[bool], list[bool]]:
+        """Per history: (the marker its merged mass goes to, forced: only that marker may follow, held:
+        that marker may not follow yet). Speech opens with the first phoneme's marker; a phoneme at its cap
+        ends, one short of its minimum goes on (a cap wins over a minimum)."""
+        targets, forced, held = [], [], []
+        for h, (spoken, run) in zip(histories, self._positions(histories), strict=True):
+            targets.append(self.expected[min(spoken, len(self.expected) - 1)])
+            must = len(h) == 0 or self._must_advance(spoken, run)
+            forced.append(must)
+            held.append(not must and not self._may_advance(spoken, run))
+        return targets, forced, held
+
+    def _masks(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(merge Bool[V], merge | blocked Bool[V]) on `device`, made once."""
+        if getattr(self, "_masks_on", (None,))[0] != device:
+            merge = self._merge.to(device)
+            self._masks_on = (device, merge, merge | self._blocked.to(device))
+        return self._masks_on[1], self._masks_on[2]
+
+    @classmethod
+    def apply_rows(cls, constraints, logits, histories):
+        """logits [R, P, V] -> [R, P, V] in a fixed number of tensor ops whatever R and P."""
+        first = constraints[0]
+        if any(c._vocab_key != first._vocab_key for c in constraints):  # other vocabularies: one at a time
+            return super().apply_rows(constraints, logits, histories)
+        r, p, v = logits.shape
+        flat = logits.reshape(r * p, v)
+        targets, forced, held = [], [], []
+        for c, h in zip(constraints, histories, strict=True):
+            t, f, hd = c._plan(h)
+            targets += t
+            forced += f
+            held += hd
+        merge, closed = first._masks(logits.device)
         neg_inf = torch.finfo(logits.dtype).min
-        positions = self._positions(histories)
-        target = torch.tensor([self.expected[min(s, len(self.expected) - 1)] for s, _ in positions],
-                              device=logits.device)  # [n]
-        merged = torch.logsumexp(logits.masked_fill(~merge, float("-inf")), dim=-1)  # [n]
-        out = logits.masked_fill(merge | blocked, neg_inf)
-        rows = torch.arange(n, device=logits.device)
-        out[rows, target] = merged.to(out.dtype)
-        # speech opens with the first phoneme's marker; a phoneme at its cap ends, one short of its minimum
-        # goes on (a cap wins over a minimum)
-        forced = torch.tensor([len(h) == 0 or self._must_advance(s, r)
-                               for h, (s, r) in zip(histories, positions, strict=True)],
-                              device=logits.device)  # [n]
-        held = torch.tensor([not f and not self._may_advance(s, r)
-                             for f, (s, r) in zip(forced.tolist(), positions, strict=True)],
-                            device=logits.device)  # [n]
-        if forced.any():
-            out[forced] = neg_inf
-            out[rows[forced], target[forced]] = 0.0
-        if held.any():
-            out[rows[held], target[held]] = neg_inf
-        return out
+        merged = torch.logsumexp(flat.masked_fill(~merge, float("-inf")), dim=-1).to(flat.dtype)  # [R P]
+        out = flat.masked_fill(closed, neg_inf)
+        if any(forced):
+            forced_rows = [i for i, f in enumerate(forced) if f]
+            out[forced_rows] = neg_inf
+            merged[forced_rows] = 0.0
+        if any(held):
+            merged[[i for i, x in enumerate(held) if x]] = neg_inf
+        out[torch.arange(r * p, device=logits.device), torch.tensor(targets, device=logits.device)] = merged
+        return out.view(r, p, v)
