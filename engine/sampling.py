@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from engine.acceptance import logits_to_probs
-from engine.acceptance.warp import GREEDY_EPS
 from engine.acceptance.sampling import sample_rows
+from engine.acceptance.warp import GREEDY_EPS
 from engine.sequence import Sequence
 
 

@@ -53,9 +53,7 @@ def rows_at(probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
 def draft_rows_or_zero(draft_probs: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """p at the emission position, zero where the position is γ (the bonus slot has no draft) -> [B, V]."""
     g = draft_probs.shape[1]
-    rows = rows_at(draft_probs, position.clamp(max=g - 1))
-    rows[torch.nonzero(position >= g).flatten()] = 0.0  # touches only the bonus rows
-    return rows
+    return rows_at(draft_probs, position.clamp(max=g - 1)).masked_fill_(position[:, None] >= g, 0.0)
 
 
 def assemble(
@@ -69,18 +67,20 @@ def assemble(
 
     accepted_groups: Long[B, γ] labels of the draft positions; last_group: Long[B] label of the last token."""
     b, g = draft_tokens.shape
-    positions = torch.arange(g + 1, device=draft_tokens.device)[None, :]  # [1, γ+1]
-    keep = positions < num_accepted[:, None]
-    at_last = positions == num_accepted[:, None]
-    pad = torch.full((b, 1), -1, dtype=torch.long, device=draft_tokens.device)
-    tokens = torch.cat([draft_tokens.long(), pad], dim=1)
-    tokens = torch.where(keep, tokens, torch.where(at_last, last_token.long()[:, None], -1))
-    groups = torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
-    if accepted_groups is not None:
-        groups = torch.where(keep, torch.cat([accepted_groups.long(), pad], dim=1), groups)
-    if last_group is not None:
-        groups = torch.where(at_last, last_group.long()[:, None], groups)
-    return Verdict(tokens=tokens, num_accepted=num_accepted, groups=groups)
+    at = num_accepted[:, None]  # [B, 1]
+    after = torch.arange(g + 1, device=draft_tokens.device)[None, :] > at  # [B, γ+1]
+
+    def place(prefix: torch.Tensor, last: torch.Tensor) -> torch.Tensor:  # [B, γ], [B] -> [B, γ+1]
+        last = last.long()[:, None]
+        return torch.cat([prefix.long(), last], dim=1).scatter_(1, at, last).masked_fill_(after, -1)
+
+    if accepted_groups is None and last_group is None:
+        groups = torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
+    else:
+        none = torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
+        groups = place(none[:, :g] if accepted_groups is None else accepted_groups,
+                       none[:, g] if last_group is None else last_group)
+    return Verdict(tokens=place(draft_tokens, last_token), num_accepted=num_accepted, groups=groups)
 
 
 class AcceptanceRule(ABC):

@@ -125,15 +125,17 @@ class PCGRule(AcceptanceRule):
         num_accepted = count_accepted(u_accept * p_c < q_c)
         # emission position n_b: group ~ norm[Q_c - P_c]_+ (P_c = 0 at the bonus slot), token ~ q within it;
         # Q_c - P_c is the coarse-graining of q - p (linear)
-        q_row = rows_at(target_probs, num_accepted)  # [B, V]
-        diff = q_row - draft_rows_or_zero(draft_probs, num_accepted)
-        residual = table.coarse(diff).clamp_(min=0.0)  # [B, M], one sparse product
+        # q - p at every position (p = 0 at the bonus slot), then each row's emission position
+        diffs = target_probs.float().clone()  # [B, γ+1, V]
+        diffs[:, :g] -= draft_probs
+        emit_row = torch.arange(b, device=diffs.device) * (g + 1) + num_accepted  # [B] into [B (γ+1)]
+        residual = table.coarse(diffs.view(-1, table.vocab_size).index_select(0, emit_row)).clamp_(min=0.0)
         empty = residual.sum(-1) <= 0  # P_c == Q_c up to rounding (rejection had probability ~0): use Q_c
         if bool(empty.any()):
-            residual[empty] = table.coarse(q_row[empty])
+            residual[empty] = table.coarse(rows_at(target_probs, num_accepted)[empty])
         group = sample_rows(residual, generator, u=u_emit)  # [B]
         members = members_pad[group]  # [B, Gmax]
-        flat = (torch.arange(b, device=group.device) * (g + 1) + num_accepted) * table.vocab_size  # [B]
+        flat = emit_row * table.vocab_size  # [B]
         weights = torch.take(target_probs, flat[:, None] + members).double() * weights_pad[group]
         last_token = torch.gather(members, 1, sample_rows(weights, generator)[:, None])[:, 0]
         last_group = torch.where(num_accepted < g, group, -1)
