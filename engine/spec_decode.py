@@ -42,6 +42,7 @@ class SpeculativeDecoder:
         self.shared_generator = shared_generator
         self.vocab_size = target.model.cfg.vocab_size
         self.device = target.device
+        self._valid: dict[tuple[int, int], torch.Tensor] = {}
 
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, items: list[tuple[Sequence, int]]) -> None:
@@ -80,21 +81,27 @@ class SpeculativeDecoder:
     def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
         g, dev = self.gamma, self.device
         b = len(seqs)
-        lengths = torch.tensor([s.length for s in seqs], device=dev)  # [B]
-        drafts = torch.empty(b, g, dtype=torch.long, device=dev)  # x_1..x_γ
+        lengths = [s.length for s in seqs]
+        # What the target scores: [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1; the draft writes its
+        # proposals straight into `ids` and reads its inputs from it (column j is the draft's j-th input).
+        ids = torch.tensor([[s.token_ids[-1]] + [0] * g for s in seqs], device=dev)  # [B, γ+1]
+        positions = torch.tensor([range(n - 1, n + g) for n in lengths], device=dev)  # [B, γ+1]
+        drafts = ids[:, 1:]  # [B, γ] x_1..x_γ (a view)
         draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # p_1..p_γ
+        one_each = self._all_valid(b, 1)
 
-        # 1. draft: catch up on uncached tokens, then one forward per proposed token.
+        # 1. draft: catch up on uncached tokens (the last one, or the last two after a fully accepted round),
+        #    then one forward per proposed token.
         states = [s.draft for s in seqs]
-        chunks = [s.token_ids[s.draft.num_computed:] for s in seqs]
-        hidden = self.draft.forward_chunks(states, chunks)  # [B, T0, d], left-padded
+        tables = self.draft.block_tables(states, max(lengths) + g - 1)
+        if all(st.num_computed == n - 1 for st, n in zip(states, lengths, strict=True)):
+            hidden = self.draft.forward(ids[:, :1], positions[:, :1], one_each, tables)  # [B, 1, d]
+        else:
+            hidden = self.draft.forward_chunks(states, [s.token_ids[s.draft.num_computed:] for s in seqs])
         logits = self.draft.logits(hidden[:, -1:])  # [B, 1, V]
-        tables = self.draft.block_tables(states, max(s.length for s in seqs) + g - 1)
-        ones = torch.ones(b, 1, dtype=torch.bool, device=dev)
         for j in range(g):
             if j > 0:
-                positions = (lengths + j - 1)[:, None]
-                hidden = self.draft.forward(drafts[:, j - 1:j], positions, ones, tables)
+                hidden = self.draft.forward(ids[:, j:j + 1], positions[:, j:j + 1], one_each, tables)
                 logits = self.draft.logits(hidden)
             p = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
             draft_probs[:, j] = p
@@ -103,12 +110,8 @@ class SpeculativeDecoder:
             s.draft.num_computed = s.length + g - 1
 
         # 2. target scores the last token and all γ drafts in one forward.
-        last_tokens = torch.tensor([s.token_ids[-1] for s in seqs], device=dev)
-        ids = torch.cat([last_tokens[:, None], drafts], dim=1)  # [B, γ+1]
-        positions = (lengths - 1)[:, None] + torch.arange(g + 1, device=dev)[None, :]
-        t_states = [s.target for s in seqs]
-        t_tables = self.target.block_tables(t_states, max(s.length for s in seqs) + g)
-        hidden = self.target.forward(ids, positions, torch.ones_like(ids, dtype=torch.bool), t_tables)
+        t_tables = self.target.block_tables([s.target for s in seqs], max(lengths) + g)
+        hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables)
         target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
 
         # 3. verify (each row up to its own γ), 4. roll back.
@@ -121,6 +124,13 @@ class SpeculativeDecoder:
             s.target.roll_back(self.target.blocks, s.length + k)
             s.draft.roll_back(self.draft.blocks, s.length + k)
         return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=row_gammas)
+
+    def _all_valid(self, rows: int, tokens: int) -> torch.Tensor:
+        """Bool[rows, tokens] of True (read-only; one per shape, made once)."""
+        key = (rows, tokens)
+        if key not in self._valid:
+            self._valid[key] = torch.ones(rows, tokens, dtype=torch.bool, device=self.device)
+        return self._valid[key]
 
     @staticmethod
     def _verify_generator(generator: torch.Generator) -> torch.Generator:
