@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.acceptance import AcceptanceRule
+from engine.acceptance.sampling import RowGenerators
 from engine.model_runner import ModelRunner
 from engine.sampling import BatchSampler
 from engine.sequence import Sequence
@@ -141,9 +142,10 @@ class SpeculativeDecoder:
         return torch.Generator(device=generator.device).manual_seed(seed)
 
     def _verify(self, seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
-        """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing all three
-        share one call. A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is
-        its bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
+        """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing rule and γ
+        share one call (rules with `row_draws` take their rows' generators together, others one call per
+        generator). A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is its
+        bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
         g = self.gamma
         rules: dict[int, AcceptanceRule] = {}
         groups: dict[tuple[int, int, int], list[int]] = {}
@@ -151,17 +153,29 @@ class SpeculativeDecoder:
             rule = s.rule
             rules[id(rule)] = rule
             groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
+        # one verify generator per (rule, γ, generator) group, seeded in the groups' order
+        verify_gens = {key: self._verify_generator(sampler.generators[rows[0]])
+                       for key, rows in groups.items()}
         if len(groups) == 1 and next(iter(groups))[1] == g:
-            (rule_id, _, _), = groups
-            v = rules[rule_id].verify(drafts, draft_probs, target_probs,
-                                      self._verify_generator(sampler.generators[0]))
+            (key, rows), = groups.items()
+            v = rules[key[0]].verify(drafts, draft_probs, target_probs, verify_gens[key])
             return v.tokens, v.num_accepted
+        calls: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for key in groups:
+            calls.setdefault(key[:2] if rules[key[0]].row_draws else key, []).append(key)
         tokens = torch.empty(len(seqs), g + 1, dtype=torch.long, device=self.device)
         accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        for (rule_id, row_gamma, _), rows in groups.items():
+        for (rule_id, row_gamma, *_), keys in calls.items():
+            rows = sorted(i for key in keys for i in groups[key])
             idx = torch.tensor(rows, device=self.device)
+            if len(keys) == 1:
+                generator = verify_gens[keys[0]]
+            else:
+                position = {row: n for n, row in enumerate(rows)}
+                generator = RowGenerators([(verify_gens[key], torch.tensor([position[i] for i in groups[key]],
+                                                                           device=self.device))
+                                           for key in keys], len(rows))
             v = rules[rule_id].verify(drafts[idx, :row_gamma], draft_probs[idx, :row_gamma],
-                                      target_probs[idx, :row_gamma + 1],
-                                      self._verify_generator(sampler.generators[rows[0]]))
+                                      target_probs[idx, :row_gamma + 1], generator)
             tokens[idx, :row_gamma + 1], accepted[idx] = v.tokens, v.num_accepted
         return tokens, accepted

@@ -90,6 +90,10 @@ class AcceptanceRule(ABC):
     # Whether the rule works over groups of tokens, given by an ASG table (`table=`) unless its own
     # parameters supply them; RuleCache hands such rules the table a request picks.
     uses_asg_table: bool = False
+    # Whether every random draw of `verify` is `uniform((B, ...))` over the batch's rows, in an order that
+    # does not depend on the data: then `generator` may be a RowGenerators (rows with their own generators
+    # verified in one call, each drawing what it would alone).
+    row_draws: bool = False
 
     @abstractmethod
     def verify(
@@ -109,6 +113,8 @@ class TokenLevelRule(AcceptanceRule):
 
     Subclasses decide `accept` (which positions pass) and `recovery_subtrahend` (what is taken away from q
     before the recovery draw). The bonus slot always samples q itself, since its subtrahend is zero."""
+
+    row_draws = True
 
     @abstractmethod
     def accept(

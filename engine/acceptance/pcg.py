@@ -59,6 +59,11 @@ class PCGRule(AcceptanceRule):
         # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
         self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
 
+    @property
+    def row_draws(self) -> bool:
+        """Enumeration draws per row; thinning draws per pending row and trial."""
+        return self.residual == "enumerate"
+
     def _table_on(self, device: torch.device) -> ASGTable:
         if self.table.device != device:
             self.table = self.table.to(device)

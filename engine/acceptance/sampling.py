@@ -10,8 +10,31 @@ from __future__ import annotations
 import torch
 
 
-def uniform(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+class RowGenerators:
+    """Several generators for one batch of rows: `blocks` pairs a generator with the rows (Long[n]) it
+    serves. A rule whose every draw is `uniform((rows, ...))` (`AcceptanceRule.row_draws`) then verifies
+    the whole batch in one call, and each block's generator yields exactly the numbers it would have
+    yielded to a call over that block's rows alone."""
+
+    def __init__(self, blocks: list[tuple[torch.Generator, torch.Tensor]], num_rows: int):
+        self.blocks = blocks
+        self.num_rows = num_rows
+
+    def rand(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        if shape[0] != self.num_rows:
+            raise ValueError(f"a draw of shape {shape} for {self.num_rows} rows of generators")
+        out = torch.empty(shape, device=device, dtype=torch.float64)
+        for generator, rows in self.blocks:
+            out[rows] = torch.rand((rows.shape[0], *shape[1:]), generator=generator, device=device,
+                                   dtype=torch.float64)
+        return out
+
+
+def uniform(shape: tuple[int, ...], generator: torch.Generator | RowGenerators | None,
+            device: torch.device) -> torch.Tensor:
     """U[0, 1) float64 samples of `shape` on `device` (float64 so that u * total never rounds up to total)."""
+    if isinstance(generator, RowGenerators):
+        return generator.rand(shape, device)
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
 
 

@@ -1,0 +1,46 @@
+"""Rows with their own generators verified in one call (RowGenerators) draw what they draw alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from acceptance_support import random_dist, sample_drafts
+
+from asg_tables import ASGTable
+from engine.acceptance import make_rule
+from engine.acceptance.sampling import RowGenerators, uniform
+
+V, GAMMA, ROWS = 60, 3, 12
+GROUPS = [[0, 1, 2, 3], [2, 3, 4], [10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37]]
+
+
+def rows_of(seed: int, positions: int) -> torch.Tensor:
+    """ROWS x positions different distributions (peaked, so that rows accept and reject) -> [R, P, V]."""
+    return torch.stack([torch.stack([random_dist(V, seed + 100 * r + i, 0.3) for i in range(positions)])
+                        for r in range(ROWS)]).float()
+
+
+@pytest.mark.parametrize("rule", ["exact", "ssd", "pcg"])
+def test_rows_verified_together_match_each_generator_alone(rule):
+    params = {"table": ASGTable.from_groups(GROUPS, V), "residual": "enumerate"} if rule == "pcg" else {}
+    verifier = make_rule(rule, **params)
+    assert verifier.row_draws
+    draft_probs, target_probs = rows_of(1, GAMMA), rows_of(2, GAMMA + 1)
+    drafts = sample_drafts(draft_probs, 3)
+    blocks = [torch.tensor([r for r in range(ROWS) if r % 3 == k]) for k in range(3)]  # interleaved rows
+    together = verifier.verify(drafts, draft_probs, target_probs, RowGenerators(
+        [(torch.Generator().manual_seed(40 + k), rows) for k, rows in enumerate(blocks)], ROWS))
+    for k, rows in enumerate(blocks):
+        alone = verifier.verify(drafts[rows], draft_probs[rows], target_probs[rows],
+                                torch.Generator().manual_seed(40 + k))
+        assert torch.equal(together.tokens[rows], alone.tokens)
+        assert torch.equal(together.num_accepted[rows], alone.num_accepted)
+        assert torch.equal(together.groups[rows], alone.groups)
+    assert 0 < int((together.num_accepted < GAMMA).sum()) < ROWS  # rejections and full acceptances both ran
+
+
+def test_thinning_pcg_draws_per_trial_and_row_generators_check_shapes():
+    assert not make_rule("pcg", table=ASGTable.from_groups(GROUPS, V), residual="thinning").row_draws
+    gens = RowGenerators([(torch.Generator().manual_seed(0), torch.tensor([0, 1]))], 2)
+    with pytest.raises(ValueError, match="rows of generators"):
+        uniform((3, 2), gens, torch.device("cpu"))
