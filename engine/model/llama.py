@@ -19,6 +19,8 @@ from engine.model.rope import RotaryEmbedding, apply_rotary
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # the same numbers without two no-op conversions (a step pays per op)
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
@@ -65,13 +67,14 @@ class LlamaModel:
         b, t = input_ids.shape
         x = F.embedding(input_ids, self.embed)  # [B, T, d]
         cos, sin = self.rope.lookup(meta.positions)
+        qk_size = self.q_size + self.kv_size
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
-            qkv = F.linear(h, w.qkv, w.qkv_bias)
-            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = apply_rotary(q.view(b, t, cfg.num_heads, cfg.head_dim), cos, sin)
-            k = apply_rotary(k.view(b, t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
-            v = v.view(b, t, cfg.num_kv_heads, cfg.head_dim)
+            qkv = F.linear(h, w.qkv, w.qkv_bias)  # [B, T, (H + 2 H_kv) D]
+            # q and k rotated together: one set of elementwise ops for all their heads
+            qk = qkv[..., :qk_size].view(b, t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+            q, k = apply_rotary(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
+            v = qkv[..., qk_size:].view(b, t, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = cache.layer(i)
             attn = backend.attend(q, k, v, k_cache, v_cache, meta)  # [B, T, H D]
             x = x + F.linear(attn, w.o, w.o_bias)
