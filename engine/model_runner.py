@@ -7,11 +7,12 @@ above all, runs eagerly. Both paths compute the same function; tests compare the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from engine.attention import AttentionBackend, build_paged_batch
+from engine.attention import AttentionBackend, PagedBatch, build_paged_batch
 from engine.block_manager import BlockAllocator, SeqBlocks
 from engine.kv_cache import KVCache
 from engine.model.captured import CapturedForward, make_captured, resolve_mode
@@ -50,13 +51,29 @@ class ModelRunner:
         return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                tables: torch.Tensor, eager: bool = False) -> torch.Tensor:
+                tables: torch.Tensor, eager: bool = False, meta: PagedBatch | None = None) -> torch.Tensor:
         """Long[B, T] tokens at Long[B, T] positions (Bool[B, T] valid) -> hidden [B, T, d]; writes K/V.
-        eager: bypass captured graphs (equivalence tests)."""
+        eager: bypass captured graphs (equivalence tests); meta: the eager forward's attention metadata
+        when the caller has it already (`column_metas`)."""
         if not eager and self.captured is not None and self.captured.handles(input_ids.shape[1]):
             return self.captured(input_ids, positions, valid, tables)
         with torch.inference_mode():
+            if meta is not None:
+                return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
             return self._forward(input_ids, positions, valid, tables)
+
+    def column_metas(self, positions: torch.Tensor, tables: torch.Tensor) -> list[PagedBatch] | None:
+        """Attention metadata of J one-token forwards at the columns of Long[B, J] positions (all valid),
+        built in one go: the draft's proposals of one step. None when those forwards replay captured graphs
+        (which build their own)."""
+        if self.captured is not None and self.captured.handles(1):
+            return None
+        b, j = positions.shape
+        meta = build_paged_batch(positions, torch.ones_like(positions, dtype=torch.bool), tables,
+                                 self.block_size, self.cache.scratch_block)
+        slots = meta.slot_mapping.view(b, j)
+        return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],
+                        mask=meta.mask[:, :, c:c + 1]) for c in range(j)]
 
     def warm_up(self, name: str) -> float:
         """Build the captured graphs now (start-up) rather than on the first request; seconds taken."""

@@ -95,14 +95,16 @@ class SpeculativeDecoder:
         #    then one forward per proposed token.
         states = [s.draft for s in seqs]
         tables = self.draft.block_tables(states, max(lengths) + g - 1)
+        metas = self.draft.column_metas(positions[:, :g], tables) or [None] * g
         if all(st.num_computed == n - 1 for st, n in zip(states, lengths, strict=True)):
-            hidden = self.draft.forward(ids[:, :1], positions[:, :1], one_each, tables)  # [B, 1, d]
+            hidden = self.draft.forward(ids[:, :1], positions[:, :1], one_each, tables, meta=metas[0])
         else:
             hidden = self.draft.forward_chunks(states, [s.token_ids[s.draft.num_computed:] for s in seqs])
         logits = self.draft.logits(hidden[:, -1:])  # [B, 1, V]
         for j in range(g):
             if j > 0:
-                hidden = self.draft.forward(ids[:, j:j + 1], positions[:, j:j + 1], one_each, tables)
+                hidden = self.draft.forward(ids[:, j:j + 1], positions[:, j:j + 1], one_each, tables,
+                                            meta=metas[j])
                 logits = self.draft.logits(hidden)
             p = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
             draft_probs[:, j] = p
