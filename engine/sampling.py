@@ -34,9 +34,8 @@ class BatchSampler:
         self.seqs = seqs
         self.device = device
         params = [s.params for s in seqs]
+        self.params = params
         self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
-        self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
-        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         self.generators = [s.generator or shared_generator for s in seqs]
         # Every row plain temperature sampling (no greedy row, no top-k, no top-p: the common case): probs
         # are softmax(logits / T), the very numbers logits_to_probs computes, without its per-call checks.
@@ -68,7 +67,9 @@ class BatchSampler:
             logits = self._constrain(logits, drafts, offset)
         if self._temperature_only:
             return torch.softmax(logits.float() / self._temperature_col, dim=-1)
-        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+        top_k = torch.tensor([p.top_k for p in self.params], dtype=torch.long, device=self.device)
+        top_p = torch.tensor([p.top_p for p in self.params], dtype=torch.float32, device=self.device)
+        return logits_to_probs(logits, self.temperature, top_k, top_p)
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
         b, p, v = logits.shape
