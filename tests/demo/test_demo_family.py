@@ -254,3 +254,20 @@ def test_family_bounds_each_phoneme_by_the_duration_models_window(tmp_path):
     assert sum(frames) > 0 and family.durations.predict(family.phoneme_ids(text), voice.codes) == frames
     assert constraint.min_frames == [math.floor(n * 0.75) for n in frames]
     assert constraint.max_frames == [math.ceil(n * 1.25) for n in frames]
+
+
+def test_several_requests_constrained_at_once_match_each_alone():
+    """apply_rows (the engine's batched call) gives each request what its own apply gives, with forced,
+    held and free positions mixed across rows."""
+    off = VOCAB.code_offset
+    constraints = [MarkerMergeConstraint(VOCAB, [16, 17], max_frames=[2, 1]),
+                   MarkerMergeConstraint(VOCAB, [18, 19, 16], min_frames=[0, 3, 0]),
+                   MarkerMergeConstraint(VOCAB, [17])]
+    histories = [[[16, off + 1], [16, off + 1, off + 2], []],  # free, at its cap (forced), the first marker
+                 [[18], [18, 19, off], [18, 19, off, off, off]],  # free, below its minimum (held), free
+                 [[17, off], [17, off, off], [17, off, off, off]]]
+    logits = torch.randn(3, 3, VOCAB.vocab_size, generator=torch.Generator().manual_seed(5))
+    together = MarkerMergeConstraint.apply_rows(constraints, logits.clone(), histories)
+    for r, constraint in enumerate(constraints):
+        assert torch.equal(together[r], constraint.apply(logits[r].clone(), histories[r]))
+    assert _probs(together[0])[1, 17].item() == 1.0 and _probs(together[1])[1, 16].item() == 0.0
