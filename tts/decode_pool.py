@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import queue
 import threading
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from engine.codec.base import Codec, StreamingDecoder
+from engine.faults import is_device_fault
 
 
 @dataclass
@@ -42,6 +44,10 @@ class DecodePool:
     audio, and streams with no audio yet come before all others, so first chunks overtake streams that
     have audio buffered (time to first audio under concurrency). A stream has at most one job pending (it
     awaits each), so its own jobs still run in order and a batch holds each stream at most once.
+
+    One stream's failure is its own: before a batched call each decoder's state is copied, and when the
+    call raises, every stream is restored and decoded alone, so only the streams whose own decode fails get
+    the exception (e.g. codes a codec cannot take); the others get their audio as if nothing happened.
     """
 
     def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16):
@@ -93,18 +99,41 @@ class DecodePool:
             if not batch:
                 continue
             start = time.perf_counter()
+            work = [(decoder, codes) for decoder, codes, _, _ in batch]
+            saved = [self._snapshot(decoder) for decoder, _ in work] if len(work) > 1 else None
             try:
-                audio = self.codec.decode_streams([(decoder, codes) for decoder, codes, _, _ in batch])
+                audio = self.codec.decode_streams(work)
                 share = (time.perf_counter() - start) / len(batch)
                 results = [((np.asarray(a, dtype=np.float32), share), None) for a in audio]
-            except Exception as exc:  # handed to every stream of the batch (their decoders' state is unknown)
-                results = [(None, exc)] * len(batch)
+            except Exception as exc:  # a fault that is nobody's (memory) fails all; else find whose it is
+                alone = saved is None or is_device_fault(exc)
+                results = [(None, exc)] * len(work) if alone else self._one_by_one(work, saved)
             self.stats.record(len(batch), time.perf_counter() - start)
             for (_, _, loop, future), (result, error) in zip(batch, results, strict=True):
                 try:
                     loop.call_soon_threadsafe(_resolve, future, result, error)
                 except RuntimeError:  # the stream's event loop is gone
                     pass
+
+    def _snapshot(self, decoder: StreamingDecoder) -> StreamingDecoder:
+        """A copy of the decoder's own state; what the codec holds (weights, tables) stays shared."""
+        shared = {id(self.codec): self.codec, **{id(v): v for v in vars(self.codec).values()}}
+        return copy.deepcopy(decoder, shared)
+
+    def _one_by_one(self, work: list[tuple[StreamingDecoder, np.ndarray | None]],
+                    saved: list[StreamingDecoder]) -> list[tuple]:
+        """After a failed batched call: each stream from its saved state, alone -> (result, error) each."""
+        results = []
+        for (decoder, codes), state in zip(work, saved, strict=True):
+            vars(decoder).clear()
+            vars(decoder).update(vars(state))
+            start = time.perf_counter()
+            try:
+                audio = self.codec.decode_streams([(decoder, codes)])[0]
+                results.append(((np.asarray(audio, dtype=np.float32), time.perf_counter() - start), None))
+            except Exception as exc:  # this stream's own failure
+                results.append((None, exc))
+        return results
 
     def snapshot(self) -> CodecStats:
         return replace(self.stats)

@@ -172,7 +172,10 @@ class Synthesis:
 
     async def _decode(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> np.ndarray:
         """Codes -> final audio on the service's codec threads (codes None flushes the decoder)."""
-        audio, took = await self._service.decoder.push(decoder, codes, self.stats.playback_deadline())
+        try:
+            audio, took = await self._service.decoder.push(decoder, codes, self.stats.playback_deadline())
+        except Exception as exc:  # this stream's own (the pool isolates streams); the others go on
+            raise SynthesisFailed(f"decoding its audio failed: {type(exc).__name__}: {exc}") from exc
         self.stats.decode_s += took
         return audio
 

@@ -133,6 +133,7 @@ class HeldCodec:
         self.started, self.release = threading.Event(), threading.Event()
 
     def decode_streams(self, work):
+        getattr(self, "codec_calls", []).append(len(work))
         if not self.started.is_set():
             self.started.set()
             self.release.wait(30)
@@ -171,6 +172,95 @@ def test_decode_pool_runs_earliest_deadline_first(tts_service):
 
     asyncio.run(run())
     assert finished == ["busy", "first-chunk", "ahead-of-playback"]
+
+
+def test_one_streams_codec_failure_ends_only_that_stream(tts_service):
+    """Jobs batched into one codec call with a stream whose codes the codec cannot take (out of its
+    codebook): that stream gets the error, the others their audio exactly as when decoded alone."""
+    from tts.decode_pool import DecodePool
+
+    codec = tts_service.codec
+    rng = np.random.default_rng(1)
+    good = [rng.integers(0, codec.codebook_size, size=60) for _ in range(3)]
+    bad = np.array([5, codec.codebook_size + 7, 9] * 20)
+    held = HeldCodec(codec)
+    before = held.codec_calls = []
+
+    async def run():
+        pool = DecodePool(held, threads=1)
+        try:
+            busy = asyncio.create_task(pool.push(codec.streaming_decoder(), good[0]))
+            assert await asyncio.to_thread(held.started.wait, 30)  # what follows queues behind it
+            decoders = [codec.streaming_decoder() for _ in range(4)]
+            jobs = [asyncio.create_task(pool.push(d, c)) for d, c in zip(decoders, [good[0], bad, *good[1:]],
+                                                                       strict=True)]
+            await asyncio.sleep(0)
+            held.release.set()
+            await busy
+            out = await asyncio.gather(*jobs, return_exceptions=True)
+            flushed = [await pool.push(d, None) for i, d in enumerate(decoders) if i != 1]
+            return out, flushed
+        finally:
+            held.release.set()
+            pool.close()
+
+    out, flushed = asyncio.run(run())
+    assert max(before) == 4  # the four jobs were one batched call, which failed
+    assert isinstance(out[1], IndexError)
+    for (audio, _), (tail, _), codes in zip([out[0], out[2], out[3]], flushed, [good[0], *good[1:]],
+                                            strict=True):
+        np.testing.assert_allclose(np.concatenate([audio, tail]), codec.decode(codes), atol=2e-3)
+
+
+def test_a_codec_failure_fails_its_synthesis_and_the_others_go_on(tts_service):
+    """A synthesis whose decoder breaks ends with SynthesisFailed (the server's in-band error); the streams
+    sharing codec calls with it finish with their full audio."""
+    from tts import SynthesisFailed
+    from tts.decode_pool import DecodePool
+
+    codec = tts_service.codec
+    poisoned = PoisonedCodec(codec)
+    pool, tts_service.decoder = tts_service.decoder, DecodePool(poisoned, threads=1)
+    texts = [f"Stream number {i} keeps on talking." for i in range(3)]
+
+    async def one(i):
+        synth = tts_service.synthesize(texts[i], None, SynthesisOptions(seed=i))
+        return np.concatenate([c async for c in synth])
+
+    async def together():
+        return await asyncio.gather(*(one(i) for i in range(3)), return_exceptions=True)
+
+    try:
+        results = asyncio.run(together())
+    finally:
+        tts_service.decoder.close()
+        tts_service.decoder = pool
+    failed = [i for i, r in enumerate(results) if isinstance(r, SynthesisFailed)]
+    assert len(failed) == 1 and "IndexError" in str(results[failed[0]])
+    assert poisoned.shared_a_failed_call  # the poisoned stream was batched with the others at least once
+    for i in {0, 1, 2} - set(failed):
+        np.testing.assert_allclose(results[i], asyncio.run(one(i)), atol=2e-3)
+    wait_idle(tts_service)
+
+
+class PoisonedCodec:
+    """The real codec, except that the first stream it decodes gets codes outside the codebook once it has
+    audio (codes from the 31st on), so the real decode of that stream (alone or batched) raises IndexError."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.first = None
+        self.shared_a_failed_call = False
+
+    def __getattr__(self, name):
+        return getattr(self.codec, name)
+
+    def decode_streams(self, work):
+        first = self.first = self.first or work[0][0]
+        if first is not None and any(d is first for d, _ in work) and len(first.codes) > 40:
+            first.codes[30:] = [self.codec.codebook_size + 7] * (len(first.codes) - 30)
+            self.shared_a_failed_call |= len(work) > 1
+        return self.codec.decode_streams(work)
 
 
 def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
