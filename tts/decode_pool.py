@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -45,9 +45,10 @@ class DecodePool:
     have audio buffered (time to first audio under concurrency). A stream has at most one job pending (it
     awaits each), so its own jobs still run in order and a batch holds each stream at most once.
 
-    One stream's failure is its own: before a batched call each decoder's state is copied, and when the
-    call raises, every stream is restored and decoded alone, so only the streams whose own decode fails get
-    the exception (e.g. codes a codec cannot take); the others get their audio as if nothing happened.
+    One stream's failure is its own: before a batched call each decoder's state is saved
+    (`StreamingDecoder.checkpoint`); when the call raises, every stream is restored and decoded alone, so
+    only the streams whose own decode fails get the exception (e.g. codes a codec cannot take), and the
+    others get their audio as if nothing happened.
     """
 
     def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16):
@@ -100,7 +101,7 @@ class DecodePool:
                 continue
             start = time.perf_counter()
             work = [(decoder, codes) for decoder, codes, _, _ in batch]
-            saved = [self._snapshot(decoder) for decoder, _ in work] if len(work) > 1 else None
+            saved = [decoder.checkpoint() for decoder, _ in work] if len(work) > 1 else None
             try:
                 audio = self.codec.decode_streams(work)
                 share = (time.perf_counter() - start) / len(batch)
@@ -115,18 +116,12 @@ class DecodePool:
                 except RuntimeError:  # the stream's event loop is gone
                     pass
 
-    def _snapshot(self, decoder: StreamingDecoder) -> StreamingDecoder:
-        """A copy of the decoder's own state; what the codec holds (weights, tables) stays shared."""
-        shared = {id(self.codec): self.codec, **{id(v): v for v in vars(self.codec).values()}}
-        return copy.deepcopy(decoder, shared)
-
     def _one_by_one(self, work: list[tuple[StreamingDecoder, np.ndarray | None]],
-                    saved: list[StreamingDecoder]) -> list[tuple]:
+                    saved: list[Callable[[], None]]) -> list[tuple]:
         """After a failed batched call: each stream from its saved state, alone -> (result, error) each."""
         results = []
-        for (decoder, codes), state in zip(work, saved, strict=True):
-            vars(decoder).clear()
-            vars(decoder).update(vars(state))
+        for (decoder, codes), restore in zip(work, saved, strict=True):
+            restore()
             start = time.perf_counter()
             try:
                 audio = self.codec.decode_streams([(decoder, codes)])[0]

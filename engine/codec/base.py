@@ -6,7 +6,9 @@ A codec turns mono float32 audio at `sample_rate` into integer codes at `frame_r
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,17 @@ class StreamingDecoder(ABC):
     @abstractmethod
     def flush(self) -> np.ndarray:  # float32 [samples]
         ...
+
+    def checkpoint(self) -> Callable[[], None]:
+        """The decoder's state now -> a function that puts it back (after a batched decode that failed,
+        so each stream can be retried alone). Default: a deep copy; the codec's weights are shared."""
+        saved = copy.deepcopy(self, {id(v): v for v in vars(self).values() if isinstance(v, Codec)})
+
+        def restore() -> None:
+            vars(self).clear()
+            vars(self).update(vars(saved))
+
+        return restore
 
 
 class Codec(ABC):

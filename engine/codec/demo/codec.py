@@ -11,6 +11,7 @@ Codec directory: `codec.json` (settings), `codebook.safetensors` (`codebook` [K,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -38,6 +39,14 @@ class DemoMelCodec(Codec):
 
     def set_first_block_frames(self, frames: int) -> None:
         self.gl = replace(self.gl, first_block=frames)
+
+    def right_context(self, block: int) -> int:
+        """Codes after block `block`'s look-ahead the conv decoder reads for it (fewer for block 0 when
+        `gl.first_context` says so: earlier first audio)."""
+        ctx = self.decoder.context
+        if block == 0 and self.gl.first_context is not None:
+            return min(ctx, self.gl.first_context)
+        return ctx
 
     @classmethod
     def from_dir(cls, path: str | Path) -> DemoMelCodec:
@@ -110,7 +119,7 @@ class DemoMelCodec(Codec):
         for s in streams:
             total = len(s.codes)
             lo, hi = s.synth.span(total)
-            clo, chi = max(0, lo - ctx), min(total, hi + ctx)
+            clo, chi = max(0, lo - ctx), min(total, hi + self.right_context(s.synth.next_block))
             windows.append((np.asarray(s.codes[clo:chi], dtype=np.int64), lo - clo, hi - lo))
 
         def run(group: list[tuple[np.ndarray, int, int]]) -> list[torch.Tensor]:
@@ -141,10 +150,22 @@ class DemoStreamingDecoder(StreamingDecoder):
         """Whether the next block can be decoded now (flushing: the sequence is complete)."""
         if flushing:
             return not self.synth.done(len(self.codes))
-        return self.synth.ready(len(self.codes), self.codec.decoder.context)
+        return self.synth.ready(len(self.codes), self.codec.right_context(self.synth.next_block))
 
     def push(self, codes: np.ndarray) -> np.ndarray:
         return self.codec.decode_streams([(self, codes)])[0]
+
+    def checkpoint(self) -> Callable[[], None]:
+        """Cheap: codes are only appended, and each block replaces the synthesiser's state (no in-place
+        change)."""
+        n, synth = len(self.codes), dict(vars(self.synth))
+
+        def restore() -> None:
+            del self.codes[n:]
+            vars(self.synth).clear()
+            vars(self.synth).update(synth)
+
+        return restore
 
     def flush(self) -> np.ndarray:
         return self.codec.decode_streams([(self, None)])[0]

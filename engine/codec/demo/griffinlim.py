@@ -47,6 +47,9 @@ class BlockGLConfig:
     momentum: float = 0.99
     crossfade: int = 320  # samples cross-faded at each block boundary (centred on it)
     first_block: int = 8  # frames of the first block; sizes double from here up to `block`
+    # Frames of the conv decoder's right context block 0 waits for (None: all of it). Fewer means the
+    # first audio needs fewer codes; the codes block 0 reads are fixed either way (chunking-independent).
+    first_context: int | None = None
 
     def __post_init__(self) -> None:
         if self.first_block < 1 or self.block < 1:
