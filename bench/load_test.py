@@ -59,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance", default=None, help="acceptance rule sent with every request")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra flag for the started server, e.g. --server-arg=--acceptance=exact")
+    parser.add_argument("--timelines", action="store_true",
+                        help="keep every request's chunk arrivals and player waits in load.json")
     parser.add_argument("--out", type=Path, default=Path("bench/results/load"))
 
 
@@ -66,16 +68,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def stall_seconds(arrivals: list[tuple[float, int]], rate: int = OUTPUT_RATE) -> float:
     """Total time a player waits when it starts at the first byte, plays 16-bit mono at `rate` and pauses
     whenever its buffer runs dry. arrivals: (seconds since sent, bytes), in order."""
+    return sum(wait for _, _, wait in stall_events(arrivals, rate))
+
+
+def stall_events(arrivals: list[tuple[float, int]],
+                 rate: int = OUTPUT_RATE) -> list[tuple[int, float, float]]:
+    """Where that player waits: (index of the chunk it waited for, seconds of audio played before, wait)."""
     if not arrivals:
-        return 0.0
+        return []
     clock = arrivals[0][0]  # when the buffered audio runs out
-    stalled = 0.0
-    for t, n in arrivals:
+    played, events = 0.0, []
+    for i, (t, n) in enumerate(arrivals):
         if t > clock:
-            stalled += t - clock
+            events.append((i, round(played, 3), t - clock))
             clock = t
         clock += n / 2 / rate
-    return stalled
+        played += n / 2 / rate
+    return events
 
 
 async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
@@ -91,7 +100,8 @@ async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
     audio_s = sum(n for _, n in arrivals) / 2 / OUTPUT_RATE
     return {"status": 200, "ttfa_s": arrivals[0][0] if arrivals else None, "e2e_s": total, "audio_s": audio_s,
             "rtf": total / audio_s if audio_s else None, "stall_s": stall_seconds(arrivals),
-            "chunks": len(arrivals)}
+            "chunks": len(arrivals), "stalls": stall_events(arrivals),
+            "arrivals": [(round(t, 4), n) for t, n in arrivals]}
 
 
 # ------------------------------------------------------------------------------------------- one level
@@ -108,7 +118,8 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dic
                 body["voice"] = args.voice
             if args.acceptance:
                 body["acceptance"] = args.acceptance
-            results.append(await one_request(client, body))
+            sent = time.perf_counter() - started
+            results.append(await one_request(client, body) | {"client": c, "k": k, "sent_s": round(sent, 4)})
 
     limits = httpx.Limits(max_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -122,6 +133,8 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dic
         after = await scrape(client)
     ok = [r for r in results if r["status"] == 200]
     row = summarize(concurrency, ok, len(results) - len(ok), wall)
+    if args.timelines:  # every request's chunk arrivals and the player's waits (where stalls sit)
+        row["requests_detail"] = results
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     row["acceptance_rate"] = _ratio(delta.get("accepted"), delta.get("drafted"))
     row["prefix_cache_hit_rate"] = _ratio(delta.get("prefix_hits"), delta.get("prefix_queries"))
