@@ -129,10 +129,10 @@ class AsyncEngine:
         with self._lock:
             self._commands.append(("deadline", request_id, deadline))
 
-    def pin_prefix(self, token_ids: list[int]) -> None:
-        """From any thread: keep this prompt prefix cached for good (Engine.pin_prefix)."""
+    def pin_prefix(self, token_ids: list[int], lru: bool = False) -> None:
+        """From any thread: keep this prompt prefix cached (Engine.pin_prefix)."""
         with self._lock:
-            self._commands.append(("pin", token_ids))
+            self._commands.append(("pin", token_ids, lru))
         self._wake.set()
 
     def metrics(self) -> EngineMetrics:
@@ -194,7 +194,7 @@ class AsyncEngine:
         elif command[0] == "deadline":
             self.engine.set_deadline(command[1], command[2])
         elif command[0] == "pin":
-            self.engine.pin_prefix(command[1])
+            self.engine.pin_prefix(command[1], command[2])
         else:
             request_id = command[1]
             if self.engine.abort(request_id):

@@ -98,10 +98,11 @@ class BlockAllocator:
         for block, key in zip(blocks[:full], prefix_hashes(token_ids, self.block_size, full), strict=True):
             self.cache.register(block, key)
 
-    def pin(self, token_ids: list[int]) -> None:
-        """Keep the full blocks of this prefix cached for good once a request has computed them."""
+    def pin(self, token_ids: list[int], lru: bool = False) -> None:
+        """Keep the full blocks of this prefix cached for good once a request has computed them; `lru`:
+        until newer lru pins need the pin budget (PrefixCache)."""
         n = len(token_ids) // self.block_size
-        self.cache.pinned_keys.update(prefix_hashes(token_ids, self.block_size, n))
+        self.cache.pin(prefix_hashes(token_ids, self.block_size, n), lru)
 
 
 @dataclass

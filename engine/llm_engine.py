@@ -195,12 +195,13 @@ class Engine:
         if seq is not None:
             seq.deadline = deadline
 
-    def pin_prefix(self, token_ids: list[int]) -> None:
+    def pin_prefix(self, token_ids: list[int], lru: bool = False) -> None:
         """Keep this prompt prefix's full blocks (e.g. a preset voice's reference) cached for good once a
-        request has computed them (at most a quarter of each pool is pinned)."""
+        request has computed them (at most a quarter of each pool is pinned). lru (e.g. uploaded voices):
+        pinned until the budget is full and a newer lru pin needs room; pinning again refreshes it."""
         for runner in (self.target, self.draft):
             if runner is not None:
-                runner.blocks.pin([int(t) for t in token_ids])
+                runner.blocks.pin([int(t) for t in token_ids], lru)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -103,6 +104,7 @@ class TTSService:
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
         self.decoder = DecodePool(codec, config.decode_threads)
+        self._voice_prefixes: OrderedDict[bytes, list[int]] = OrderedDict()  # non-preset voice -> prefix
 
     # -- loading
     @classmethod
@@ -165,19 +167,40 @@ class TTSService:
 
     def _pin_presets(self) -> None:
         """Keep each preset voice's prompt prefix (its reference codes) in the engine's prefix cache for
-        good: the prefix both of two prompts with different texts share."""
-        pin = getattr(self.engine, "pin_prefix", None)
-        if pin is None:
+        good."""
+        if not hasattr(self.engine, "pin_prefix"):
             return
         for voice in self._presets.values():
-            try:
-                a = self.family.build_prompt("one", voice).token_ids
-                b = self.family.build_prompt("two", voice).token_ids
-            except ValueError:
-                continue
-            common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                          min(len(a), len(b)))
-            pin(a[:common])
+            if prefix := self._voice_prefix(voice):
+                self.engine.pin_prefix(prefix)
+
+    def pin_voice(self, voice: VoicePrompt) -> None:
+        """Called per request with a voice that is not a preset (an uploaded one): pin its prompt prefix
+        too, least recently used first out when the engine's pin budget is full, so a popular uploaded
+        voice stays cached like a preset."""
+        if not hasattr(self.engine, "pin_prefix") or any(voice is p for p in self._presets.values()):
+            return
+        key = hashlib.blake2b(np.ascontiguousarray(voice.codes).tobytes() + voice.transcript.encode(),
+                              digest_size=16).digest()
+        prefix = self._voice_prefixes.pop(key, None)
+        if prefix is None:
+            prefix = self._voice_prefix(voice)
+        self._voice_prefixes[key] = prefix
+        while len(self._voice_prefixes) > 256:
+            self._voice_prefixes.popitem(last=False)
+        if prefix:
+            self.engine.pin_prefix(prefix, lru=True)
+
+    def _voice_prefix(self, voice: VoicePrompt) -> list[int]:
+        """The prefix every prompt in this voice starts with (its reference codes): the common prefix of
+        two prompts with different texts."""
+        try:
+            a = self.family.build_prompt("one", voice).token_ids
+            b = self.family.build_prompt("two", voice).token_ids
+        except ValueError:
+            return []
+        common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        return list(a[:common])
 
     # -- voices
     def preset_voices(self) -> dict[str, VoicePrompt]:

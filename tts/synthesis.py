@@ -142,9 +142,11 @@ class Synthesis:
 
     async def _generate(self) -> AsyncIterator[np.ndarray]:
         svc = self._service
-        if isinstance(clip := self._voice, ReferenceClip):
+        if isinstance(clip := self._voice, ReferenceClip):  # a one-off clip: cached, not pinned
             self._voice = await asyncio.to_thread(svc.encode_voice, clip.audio, clip.sample_rate,
                                                   clip.transcript)
+        elif self._voice is not None:
+            await asyncio.to_thread(svc.pin_voice, self._voice)
         pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
         fade = int(0.005 * svc.sample_rate)
         spoken = 0
@@ -187,6 +189,7 @@ class Synthesis:
         held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
         finish_reason = None
         request_id = uuid.uuid4().hex
+        coded, voiced, frame_rate = 0, 0, svc.codec.frame_rate  # this sentence's codes and audio samples
         with _engine_errors():
             stream = svc.engine.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
             try:
@@ -201,6 +204,7 @@ class Synthesis:
                     codes = svc.family.tokens_to_codes(delta.token_ids)
                     if codes.size:
                         held.append(codes)
+                        coded += codes.size
                     if delta.finished:
                         finish_reason = delta.finish_reason
                         break
@@ -209,9 +213,13 @@ class Synthesis:
                         held = []
                         if audio.size:
                             yield audio
-                            # after the yield the chunk is counted: tell the scheduler how far ahead
-                            # of its listener this stream now is (audio-deadline scheduling)
-                            svc.engine.set_deadline(request_id, st.playback_deadline())
+                            voiced += audio.size
+                        if st.first_audio_s is not None:
+                            # tell the scheduler how far ahead of its listener this stream is: audio sent
+                            # plus codes generated that the codec has not turned into audio yet
+                            # (audio-deadline scheduling)
+                            undecoded_s = max(0.0, coded / frame_rate - voiced / self.sample_rate)
+                            svc.engine.set_deadline(request_id, st.playback_deadline() + undecoded_s)
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
         if held:

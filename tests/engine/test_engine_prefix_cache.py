@@ -11,6 +11,7 @@ from test_engine_blocks import check_block_invariants, run_with_aborts
 
 from engine import Engine, SamplingParams
 from engine.block_manager import BlockAllocator, SeqBlocks
+from engine.prefix_cache import prefix_hashes
 
 BLOCK = 4
 
@@ -125,3 +126,37 @@ def test_pinned_prefix_survives_pressure(pair):
     engine.generate([requests[0][0]], requests[0][1])
     assert engine.metrics().prefix_cache_hits - hits == 12
     check_block_invariants(engine)
+
+
+def test_lru_pins_make_room_for_newer_ones_and_never_for_presets():
+    """Uploaded voices are pinned `lru`: when the pin budget is full the least recently pinned of them
+    gives its blocks back (still cached, evictable), a preset's pin never does, and pinning a voice again
+    makes it the most recent."""
+    pool = BlockAllocator(num_blocks=16, block_size=2, max_pinned_fraction=0.25)  # 4 blocks of pins
+    preset, up_a, up_b = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+
+    def compute(prompt):  # a request computes the prompt (+1 token) and ends
+        seq = SeqBlocks()
+        seq.share_prefix(pool, prompt, len(prompt))
+        seq.ensure(pool, len(prompt) + 1)
+        seq.num_computed = len(prompt)
+        seq.cache_prefix(pool, prompt + [0], len(prompt))
+        seq.release(pool)
+
+    def pinned(prompt):
+        return {pool.cache.block_of.get(k) for k in prefix_hashes(prompt, 2, 2)} <= pool.cache.pinned_blocks
+
+    pool.pin(preset)
+    compute(preset)
+    pool.pin(up_a, lru=True)
+    compute(up_a)
+    assert pinned(preset) and pinned(up_a) and len(pool.cache.pinned_blocks) == 4  # the budget is full
+    pool.pin(up_b, lru=True)  # a request for another uploaded voice: a, the least recent, makes room
+    compute(up_b)
+    assert pinned(preset) and pinned(up_b) and not pinned(up_a)  # (the preset never does)
+    assert all(pool.cache.block_of.get(k) in pool.cache.evictable for k in prefix_hashes(up_a, 2, 2))
+    assert len(pool.cache.pinned_blocks) == 4 and pool.num_used == 4  # held by the pins alone
+    pool.pin(up_a, lru=True)  # a again: its blocks are still cached, so they are pinned in place at once
+    assert pinned(preset) and pinned(up_a) and not pinned(up_b)
+    compute(up_a)
+    assert pinned(up_a) and sorted(pool.cache.ref_count) == [0] * 12 + [1] * 4  # nothing leaked

@@ -294,3 +294,29 @@ def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
         assert one.generated_tokens <= one.accepted_tokens + one.drafted_tokens
     finally:
         service.close()
+
+
+def test_uploaded_voices_are_pinned_like_presets(tts_service):
+    """A request in a voice that is not a preset (an uploaded one) pins that voice's prompt prefix in the
+    engine's prefix cache (lru among such voices); the next request in it finds the prefix cached."""
+    from tts import VoicePrompt
+
+    preset = next(iter(tts_service.preset_voices().values()))
+    uploaded = VoicePrompt(codes=np.asarray(preset.codes)[::-1].copy(), transcript="someone else says this")
+
+    def speak(voice, seed):
+        async def run():
+            synth = tts_service.synthesize("A voice of its own speaks.", voice, SynthesisOptions(seed=seed))
+            return [c async for c in synth]
+        asyncio.run(run())
+        wait_idle(tts_service)
+        return tts_service.engine_stats()
+
+    before = speak(preset, 1)
+    first = speak(uploaded, 2)
+    prefix = len(tts_service._voice_prefix(uploaded))
+    block = tts_service.engine.config.block_size
+    assert first.kv_blocks_pinned - before.kv_blocks_pinned == prefix // block > 0
+    again = speak(uploaded, 3)
+    assert again.prefix_cache_hits - first.prefix_cache_hits >= prefix // block * block
+    assert again.kv_blocks_pinned == first.kv_blocks_pinned
