@@ -1,4 +1,4 @@
-"""`pcgtts bench codec` on the embedded codec: runs, and reports the ramped first block's earlier audio."""
+"""`pcgtts bench codec` on the embedded codec: runs, and reports the first block's earlier audio."""
 
 from __future__ import annotations
 
@@ -19,4 +19,4 @@ def test_codec_bench_reports_batching_and_first_block(tmp_path):
     assert [r["streams"] for r in report["decode"]] == [1, 3]
     assert all(r["batched_s"] > 0 and r["one_by_one_s"] > 0 for r in report["decode"])
     first = {r["schedule"]: r["codes_before_audio"] for r in report["first_audio"]}
-    assert first["ramped"] < first["flat"]  # 8 + 6 look-ahead + conv context vs 32 + 6 + context
+    assert first["shipped"] < first["full_context"]  # 16 + 6 look-ahead vs 16 + 6 + conv context

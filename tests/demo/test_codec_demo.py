@@ -149,3 +149,32 @@ def test_shipped_codec_round_trip(utterance):
     rebuilt = codec.decode(codec.encode(utterance))
     assert rebuilt.shape == (len(utterance) // HOP * HOP,)
     assert _mel_distance(codec, utterance, rebuilt) < 0.6
+
+
+def test_first_block_with_less_conv_lookahead_streams_like_whole_decode():
+    """The shipped codec decodes a 16-frame first block reading no conv context past its Griffin-Lim
+    look-ahead: its first audio needs the same 22 codes as an 8-frame block with full context but holds
+    twice the audio, streaming in any chunking still equals the whole decode, and codes after the 22nd
+    cannot change the first block."""
+    codec = DemoMelCodec.from_dir(DEFAULT_MODEL_DIR / "codec")
+    gl = codec.gl
+    assert gl.first_context == 0 and codec.decoder.context > 0
+    needed = gl.first_block + gl.right  # codes before the first audio comes out
+    old = replace(gl, first_block=8, first_context=None)
+    assert needed == old.first_block + old.right + codec.decoder.context == 22
+    codes = np.random.default_rng(3).integers(0, codec.codebook_size, size=120)
+    whole = codec.decode(codes)
+    stream = codec.streaming_decoder()
+    assert stream.push(codes[: needed - 1]).size == 0
+    first = stream.push(codes[needed - 1: needed])
+    assert first.size == gl.first_block * HOP - gl.crossfade // 2
+    np.testing.assert_allclose(first, whole[: first.size], atol=1e-5)
+    rng, parts, pos = np.random.default_rng(4), [first], needed
+    while pos < len(codes):
+        n = int(rng.integers(1, 30))
+        parts.append(stream.push(codes[pos:pos + n]))
+        pos += n
+    parts.append(stream.flush())
+    np.testing.assert_allclose(np.concatenate(parts), whole, atol=1e-5)
+    other = np.concatenate([codes[:needed], (codes[needed:] + 7) % codec.codebook_size])
+    np.testing.assert_allclose(codec.decode(other)[: first.size], first, atol=1e-6)
