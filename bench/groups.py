@@ -41,7 +41,7 @@ from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 GAMMA = 3
 DEFAULT_TABLES = ("emb:0.55", "emb:0.4", "mel:0.4", "mel:0.5")
-DEFAULT_DECODE_TABLES = ("emb:0.55", "mel:0.4", "mel:0.5")
+DEFAULT_DECODE_TABLES = ("mel:0.0", "emb:0.55", "mel:0.3", "mel:0.35", "mel:0.4")
 
 
 def build_table(spec: str, bundle: ModelBundle, vocab, centroids: torch.Tensor, path: Path):

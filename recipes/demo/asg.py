@@ -26,8 +26,8 @@ from engine.speech.demo.layout import DemoVocab
 THETAS = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
 RADIUS_FRACTIONS = [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6]
 # (grouping, value): "embedding" -> cosine θ; "acoustic" -> radius as a share of the mean centroid distance
-DEFAULT_TABLE = ("acoustic", 0.4)
-EXTRA_TABLES = (("embedding", 0.55), ("embedding", 0.45), ("acoustic", 0.35), ("acoustic", 0.5))
+DEFAULT_TABLE = ("acoustic", 0.35)
+EXTRA_TABLES = (("embedding", 0.55), ("embedding", 0.45), ("acoustic", 0.4), ("acoustic", 0.5))
 
 
 def table_name(grouping: str, value: float) -> str:
