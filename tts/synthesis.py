@@ -156,16 +156,21 @@ class Synthesis:
                 continue
             if spoken and pause.size:
                 yield pause
-            pending: np.ndarray | None = None  # one chunk held back to fade the sentence's end
+            # Only the sentence's latest `fade` samples are held back (to fade its end once it is known):
+            # holding back a whole chunk delayed the first audio until the codec's second block.
+            tail, started = np.zeros(0, np.float32), False
             async with aclosing(self._sentence(index, prompt)) as chunks:
                 async for chunk in chunks:
-                    if pending is not None:
-                        yield pending
-                    elif spoken:
+                    if spoken and not started:
                         chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
-                    pending = chunk
-            if pending is not None:
-                yield _fade_edges(pending, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
+                    started = True
+                    joined = np.concatenate([tail, chunk])
+                    cut = max(0, joined.size - fade)
+                    if cut:
+                        yield joined[:cut]
+                    tail = joined[cut:]
+            if tail.size:
+                yield _fade_edges(tail, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
             spoken += 1
             self.stats.sentences += 1
         if not spoken:

@@ -320,3 +320,25 @@ def test_uploaded_voices_are_pinned_like_presets(tts_service):
     again = speak(uploaded, 3)
     assert again.prefix_cache_hits - first.prefix_cache_hits >= prefix // block * block
     assert again.kv_blocks_pinned == first.kv_blocks_pinned
+
+
+def test_first_audio_leaves_with_the_codecs_first_block(tts_service):
+    """The first chunk is yielded as soon as the codec's first block is decoded (only a few milliseconds
+    of each sentence are held back to fade its end), not when the second block is: by then the synthesis
+    has taken fewer codes than the second block needs."""
+    codec = tts_service.codec
+    gl, ctx = codec.gl, codec.decoder.context
+    second_block_needs = gl.bounds(1)[1] + gl.right + ctx
+
+    async def run():
+        synth = tts_service.synthesize("The first block should leave at once, please.", None,
+                                       SynthesisOptions(seed=5))
+        async for chunk in synth:
+            taken = synth.stats.generated_tokens
+            await synth.aclose()
+            return chunk, taken
+
+    chunk, taken = asyncio.run(run())
+    assert taken < second_block_needs
+    assert chunk.size >= gl.first_block * codec.spec.hop - gl.crossfade // 2 - int(0.005 * codec.sample_rate)
+    wait_idle(tts_service)
