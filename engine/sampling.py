@@ -34,7 +34,6 @@ class BatchSampler:
         self.seqs = seqs
         self.device = device
         params = [s.params for s in seqs]
-        self.params = params
         self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         self.generators = [s.generator or shared_generator for s in seqs]
         # Every row plain temperature sampling (no greedy row, no top-k, no top-p: the common case): probs
@@ -42,6 +41,9 @@ class BatchSampler:
         self._temperature_only = all(p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size
                                      and p.top_p >= 1.0 for p in params)
         self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
+        if not self._temperature_only:  # made once per step, used by every probs() call
+            self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
+            self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         self.penalty = None
         if any(p.repetition_penalty != 1.0 for p in params):
             self.penalty = torch.tensor([p.repetition_penalty for p in params], device=device)
@@ -67,9 +69,7 @@ class BatchSampler:
             logits = self._constrain(logits, drafts, offset)
         if self._temperature_only:
             return torch.softmax(logits.float() / self._temperature_col, dim=-1)
-        top_k = torch.tensor([p.top_k for p in self.params], dtype=torch.long, device=self.device)
-        top_p = torch.tensor([p.top_p for p in self.params], dtype=torch.float32, device=self.device)
-        return logits_to_probs(logits, self.temperature, top_k, top_p)
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
         b, p, v = logits.shape
