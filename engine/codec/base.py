@@ -38,8 +38,11 @@ class StreamingDecoder(ABC):
 
     def checkpoint(self) -> Callable[[], None]:
         """The decoder's state now -> a function that puts it back (after a batched decode that failed,
-        so each stream can be retried alone). Default: a deep copy; the codec's weights are shared."""
-        saved = copy.deepcopy(self, {id(v): v for v in vars(self).values() if isinstance(v, Codec)})
+        so each stream can be retried alone). Default: a deep copy that shares every codec the decoder
+        holds, directly or through a bound method (`self.decode = codec.decode`): a codec's weights are
+        never copied."""
+        owners = (getattr(v, "__self__", v) for v in vars(self).values())
+        saved = copy.deepcopy(self, {id(o): o for o in owners if isinstance(o, Codec)})
 
         def restore() -> None:
             vars(self).clear()
