@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -105,6 +106,7 @@ class TTSService:
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
         self.decoder = DecodePool(codec, config.decode_threads)
         self._voice_prefixes: OrderedDict[bytes, list[int]] = OrderedDict()  # non-preset voice -> prefix
+        self._voice_prefixes_lock = threading.Lock()  # pin_voice runs on worker threads, several at once
 
     # -- loading
     @classmethod
@@ -182,12 +184,14 @@ class TTSService:
             return
         key = hashlib.blake2b(np.ascontiguousarray(voice.codes).tobytes() + voice.transcript.encode(),
                               digest_size=16).digest()
-        prefix = self._voice_prefixes.pop(key, None)
+        with self._voice_prefixes_lock:
+            prefix = self._voice_prefixes.pop(key, None)
         if prefix is None:
             prefix = self._voice_prefix(voice)
-        self._voice_prefixes[key] = prefix
-        while len(self._voice_prefixes) > 256:
-            self._voice_prefixes.popitem(last=False)
+        with self._voice_prefixes_lock:
+            self._voice_prefixes[key] = prefix
+            while len(self._voice_prefixes) > 256:
+                self._voice_prefixes.popitem(last=False)
         if prefix:
             self.engine.pin_prefix(prefix, lru=True)
 
