@@ -89,7 +89,9 @@ def run_once(engine: Engine, prompts, params) -> dict:
 def forward_costs(shapes: dict[str, tuple], context: int, reps: int = 40) -> dict[str, float]:
     """Median ms of one decode forward per named (runner, tokens per row) at batch 1 over `context` cached
     tokens (through the runner's captured graph when it has one for that shape), the shapes timed in turn
-    within each repeat so that a shared machine's drift hits all alike. Writes scratch positions only."""
+    within each repeat so that a shared machine's drift hits all alike. Writes scratch positions only.
+    Passes the row's state, as the engine does, so an eager CPU forward reads its KV mirror (after the first
+    call) rather than gathering the context from the pool."""
     prepared = {}
     for name, (runner, num_tokens) in shapes.items():
         state = SeqBlocks()
@@ -103,9 +105,9 @@ def forward_costs(shapes: dict[str, tuple], context: int, reps: int = 40) -> dic
     times: dict[str, list[float]] = {name: [] for name in shapes}
     try:
         for i in range(reps + 3):
-            for name, (runner, _, inputs) in prepared.items():
+            for name, (runner, state, inputs) in prepared.items():
                 t0 = time.perf_counter()
-                runner.logits(runner.forward(*inputs))
+                runner.logits(runner.forward(*inputs, states=[state]))
                 if i >= 3:
                     times[name].append(time.perf_counter() - t0)
     finally:

@@ -1,14 +1,15 @@
 """Attention over the paged KV cache, behind one small interface.
 
-The model calls `backend.attend(q, k, v, k_cache, v_cache, meta)` for each layer; the backend writes the
-new K/V into their cache slots and attends over each sequence's blocks. `PagedBatch` carries what every
+The model calls `backend.attend(q, k, v, k_cache, v_cache, meta, layer)` for each layer; the backend writes
+the new K/V into their cache slots and attends over each sequence's blocks. `PagedBatch` carries what every
 layer of one forward shares (slots, gathers, masks), built once per forward from positions and block
 tables with tensor ops only (no host syncs), so the same code runs on CPU and CUDA.
 
 Backends:
 - `sdpa`: gather each sequence's keys/values block by block (whole blocks are contiguous, so the copy
-  runs at memory speed), then `scaled_dot_product_attention` with a
-  per-position causal mask. Works on any device and dtype; the default.
+  runs at memory speed), or read them in place from the runner's KV mirror (engine/kv_mirror.py, CPU
+  eager), then `scaled_dot_product_attention` with a per-position causal mask. Works on any device and
+  dtype; the default.
 - `flash_attn`: flash-attn's paged `flash_attn_with_kvcache` (CUDA, fp16/bf16, block_size a multiple of
   256), opt-in where the `flash_attn` package is installed. Query rows are left-padded by the runner, so
   the kernel's bottom-right causal alignment puts every real query at its own position.
@@ -18,9 +19,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from engine.kv_mirror import MirrorBatch
 
 
 @dataclass
@@ -36,6 +41,9 @@ class PagedBatch:
     context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
     block_tables: torch.Tensor  # Long[B, M]
     block_size: int
+    # rows' K/V also held contiguous in batch order (engine/kv_mirror.py): attend reads it instead of
+    # gathering blocks; None: gather (captured graphs, CUDA, or over the mirror's memory bound)
+    mirror: MirrorBatch | None = None
 
     @property
     def seq_lens(self) -> torch.Tensor:
@@ -82,19 +90,24 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-               v_cache: torch.Tensor, meta: PagedBatch) -> torch.Tensor:
-        """q [B, T, H, D], k/v [B, T, H_kv, D] (new tokens), caches [S, H_kv, D] -> out [B, T, H * D]."""
+               v_cache: torch.Tensor, meta: PagedBatch, layer: int) -> torch.Tensor:
+        """q [B, T, H, D], k/v [B, T, H_kv, D] (new tokens), caches [S, H_kv, D] of `layer` -> out
+        [B, T, H * D]."""
 
 
 class GatherSDPABackend(AttentionBackend):
     name = "sdpa"
 
-    def attend(self, q, k, v, k_cache, v_cache, meta):
+    def attend(self, q, k, v, k_cache, v_cache, meta, layer):
         b, t, h, d = q.shape
         h_kv = k.shape[2]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        keys = gather_blocks(k_cache, meta).transpose(1, 2)  # [B, H_kv, ctx, D]
-        values = gather_blocks(v_cache, meta).transpose(1, 2)
+        if meta.mirror is not None:
+            meta.mirror.write(layer, k, v)
+            keys, values = meta.mirror.layer(layer, meta.context_len)  # views [B, ctx, H_kv, D]
+        else:
+            keys, values = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta)
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, H_kv, ctx, D]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask,
                                              enable_gqa=h != h_kv)  # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, h * d)
@@ -110,7 +123,7 @@ class FlashAttnBackend(AttentionBackend):
 
         self._kernel = flash_attn_with_kvcache
 
-    def attend(self, q, k, v, k_cache, v_cache, meta):
+    def attend(self, q, k, v, k_cache, v_cache, meta, layer):
         b, t, h, d = q.shape
         h_kv = k.shape[2]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)

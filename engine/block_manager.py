@@ -12,6 +12,7 @@ reclaimed only when the free list is empty.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from engine.prefix_cache import PrefixCache, prefix_hashes
@@ -105,12 +106,17 @@ class BlockAllocator:
         self.cache.pin(prefix_hashes(token_ids, self.block_size, n), lru)
 
 
+_STATE_UIDS = itertools.count()
+
+
 @dataclass
 class SeqBlocks:
     """One sequence's KV state in one model's cache."""
 
     blocks: list[int] = field(default_factory=list)  # block table: logical block -> physical block
     num_computed: int = 0  # tokens whose K/V are in the cache and valid (a prefix of the sequence)
+    # identity of this state's K/V since it was last released (engine/kv_mirror.py keys rows by it)
+    uid: int = field(default_factory=lambda: next(_STATE_UIDS))
 
     def ensure(self, allocator: BlockAllocator, num_tokens: int) -> None:
         """Make room for positions [0, num_tokens); all or nothing."""
@@ -140,3 +146,4 @@ class SeqBlocks:
         allocator.give_back(self.blocks)
         self.blocks = []
         self.num_computed = 0
+        self.uid = next(_STATE_UIDS)

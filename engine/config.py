@@ -58,6 +58,9 @@ class EngineConfig:
     # "cuda_graphs" (CUDA), "auto" (cuda_graphs on CUDA, eager on CPU). Prefill always runs eagerly.
     decode_graphs: str = "eager"
     compile_cache_dir: str | Path | None = None  # inductor's cache; default $XDG_CACHE_HOME/pcgtts/inductor
+    # Eager CPU decoding keeps each running row's K/V contiguous too (engine/kv_mirror.py), so attention
+    # reads it in place instead of gathering blocks every forward; bytes per model at most (0 = off).
+    kv_mirror_bytes: int = 512 << 20
     seed: int = 0  # seeds the generator shared by requests without their own seed
 
 

@@ -15,6 +15,7 @@ import torch
 from engine.attention import AttentionBackend, PagedBatch, build_paged_batch
 from engine.block_manager import BlockAllocator, SeqBlocks
 from engine.kv_cache import KVCache
+from engine.kv_mirror import KVMirror
 from engine.model.captured import CapturedForward, make_captured, resolve_mode
 from engine.model.llama import LlamaModel
 
@@ -22,9 +23,11 @@ from engine.model.llama import LlamaModel
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend,
                  decode_graphs: str = "eager", decode_tokens: tuple[int, ...] = (),
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, kv_mirror_bytes: int = 0):
         """decode_graphs: "eager" | "compile" | "cuda_graphs" | "auto" (captured.resolve_mode);
-        decode_tokens: the tokens-per-row counts to capture (e.g. (γ+1,) for a target)."""
+        decode_tokens: the tokens-per-row counts to capture (e.g. (γ+1,) for a target);
+        kv_mirror_bytes: memory bound of the KV mirror (0: none), used by eager CPU forwards with the
+        gather backend only."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
@@ -36,6 +39,11 @@ class ModelRunner:
         if decode_tokens:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
+        self.mirror: KVMirror | None = None
+        if kv_mirror_bytes and self.captured is None and backend.name == "sdpa" and self.device.type == "cpu":
+            cfg = model.cfg
+            self.mirror = KVMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, self.device,
+                                   model.dtype, kv_mirror_bytes)
 
     def block_tables(self, states: list[SeqBlocks], num_tokens: int) -> torch.Tensor:
         """Long[B, M] block tables covering positions [0, num_tokens), padded with the scratch block."""
@@ -51,16 +59,25 @@ class ModelRunner:
         return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
-                tables: torch.Tensor, eager: bool = False, meta: PagedBatch | None = None) -> torch.Tensor:
+                tables: torch.Tensor, eager: bool = False, meta: PagedBatch | None = None,
+                states: list[SeqBlocks] | None = None) -> torch.Tensor:
         """Long[B, T] tokens at Long[B, T] positions (Bool[B, T] valid) -> hidden [B, T, d]; writes K/V.
         eager: bypass captured graphs (equivalence tests); meta: the eager forward's attention metadata
-        when the caller has it already (`column_metas`)."""
+        when the caller has it already (`column_metas`); states: the rows' sequences (lets the KV mirror
+        serve attention; without them the forward gathers from the pool)."""
         if not eager and self.captured is not None and self.captured.handles(input_ids.shape[1]):
             return self.captured(input_ids, positions, valid, tables)
         with torch.inference_mode():
-            if meta is not None:
-                return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
-            return self._forward(input_ids, positions, valid, tables)
+            if meta is None:
+                meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block)
+            if self.mirror is not None and states is None:
+                self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
+            elif self.mirror is not None:
+                mirrored = self.mirror.prepare(states, positions.tolist(), valid.tolist(), tables,
+                                               self.cache.keys, self.cache.values)
+                if mirrored is not None:
+                    meta = replace(meta, mirror=mirrored)
+            return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
     def column_metas(self, positions: torch.Tensor, tables: torch.Tensor) -> list[PagedBatch] | None:
         """Attention metadata of J one-token forwards at the columns of Long[B, J] positions (all valid),
@@ -95,7 +112,7 @@ class ModelRunner:
         valid = offsets[None, :] >= pad[:, None]
         end = max(st.num_computed + len(c) for st, c in zip(states, chunks, strict=True))
         tables = self.block_tables(states, end)
-        hidden = self.forward(torch.tensor(ids, device=self.device), positions, valid, tables)
+        hidden = self.forward(torch.tensor(ids, device=self.device), positions, valid, tables, states=states)
         for st, c in zip(states, chunks, strict=True):
             st.num_computed += len(c)
         return hidden

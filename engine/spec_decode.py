@@ -97,14 +97,15 @@ class SpeculativeDecoder:
         tables = self.draft.block_tables(states, max(lengths) + g - 1)
         metas = self.draft.column_metas(positions[:, :g], tables) or [None] * g
         if all(st.num_computed == n - 1 for st, n in zip(states, lengths, strict=True)):
-            hidden = self.draft.forward(ids[:, :1], positions[:, :1], one_each, tables, meta=metas[0])
+            hidden = self.draft.forward(ids[:, :1], positions[:, :1], one_each, tables, meta=metas[0],
+                                        states=states)
         else:
             hidden = self.draft.forward_chunks(states, [s.token_ids[s.draft.num_computed:] for s in seqs])
         logits = self.draft.logits(hidden[:, -1:])  # [B, 1, V]
         for j in range(g):
             if j > 0:
                 hidden = self.draft.forward(ids[:, j:j + 1], positions[:, j:j + 1], one_each, tables,
-                                            meta=metas[j])
+                                            meta=metas[j], states=states)
                 logits = self.draft.logits(hidden)
             p = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
             draft_probs[:, j] = p
@@ -113,8 +114,9 @@ class SpeculativeDecoder:
             s.draft.num_computed = s.length + g - 1
 
         # 2. target scores the last token and all γ drafts in one forward.
-        t_tables = self.target.block_tables([s.target for s in seqs], max(lengths) + g)
-        hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables)
+        t_states = [s.target for s in seqs]
+        t_tables = self.target.block_tables(t_states, max(lengths) + g)
+        hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables, states=t_states)
         target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
 
         # 3. verify (each row up to its own γ), 4. roll back.

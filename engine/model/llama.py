@@ -76,7 +76,7 @@ class LlamaModel:
             q, k = apply_rotary(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
             v = qkv[..., qk_size:].view(b, t, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = cache.layer(i)
-            attn = backend.attend(q, k, v, k_cache, v_cache, meta)  # [B, T, H D]
+            attn = backend.attend(q, k, v, k_cache, v_cache, meta, i)  # [B, T, H D]
             x = x + F.linear(attn, w.o, w.o_bias)
             h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
             gate, up = F.linear(h, w.gate_up, w.gate_up_bias).chunk(2, dim=-1)
