@@ -102,14 +102,18 @@ class GatherSDPABackend(AttentionBackend):
         b, t, h, d = q.shape
         h_kv = k.shape[2]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        if meta.mirror is not None:
-            meta.mirror.write(layer, k, v)
-            keys, values = meta.mirror.layer(layer, meta.context_len)  # views [B, ctx, H_kv, D]
-        else:
-            keys, values = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta)
-        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, H_kv, ctx, D]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=meta.mask,
-                                             enable_gqa=h != h_kv)  # [B, H, T, D]
+        mirror = meta.mirror
+        if mirror is None:
+            keys, values, mask = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), meta.mask
+        else:  # over the mirror's rows [0, span): this forward's rows and, between them, holes
+            mirror.write(layer, k, v)
+            keys, values = mirror.layer(layer, meta.context_len)  # views [span, ctx, H_kv, D]
+            q, mask = mirror.spread(q), meta.mask if mirror.mask is None else mirror.mask
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [R, H_kv, ctx, D]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
+                                             enable_gqa=h != h_kv)  # [R, H, T, D]
+        if mirror is not None:
+            out = mirror.collect(out)  # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, h * d)
 
 

@@ -40,6 +40,9 @@ class ModelRunner:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
         self.mirror: KVMirror | None = None
+        # prefill chunks bypass the mirror: a joining row is gathered at its first decode forward instead of
+        # reshuffling every running row around a prefill-only batch and back
+        self.mirror_max_tokens = max(decode_tokens, default=1)
         if kv_mirror_bytes and self.captured is None and backend.name == "sdpa" and self.device.type == "cpu":
             cfg = model.cfg
             self.mirror = KVMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, self.device,
@@ -72,6 +75,8 @@ class ModelRunner:
                 meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block)
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
+            elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:
+                self.mirror.forget(states)  # written around the mirror: gathered again when they decode
             elif self.mirror is not None:
                 mirrored = self.mirror.prepare(states, positions.tolist(), valid.tolist(), tables,
                                                self.cache.keys, self.cache.values)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from test_engine_blocks import run_with_aborts
 from test_engine_prefix_cache import voice_requests
 
 from engine import Engine, SamplingParams
-from engine.attention import build_paged_batch, gather_blocks
+from engine.attention import GatherSDPABackend, build_paged_batch, gather_blocks
 from engine.block_manager import BlockAllocator, SeqBlocks
 from engine.kv_mirror import KVMirror
 
@@ -27,9 +28,10 @@ def pair(tmp_path_factory):
 
 def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_releases():
     """Random batches over a shared pool: after every prepare + write, each row's mirrored positions hold
-    exactly the pool's K/V (what gather_blocks would have read), and padding never lands in a row. One
-    batch in eight writes the pool around the mirror and empties it (what a forward without `states`
-    does): every row must then be gathered again."""
+    exactly the pool's K/V (what gather_blocks would have read), padding never lands in a row, and
+    attention over the mirror's rows (holes included) gives every real query the gather path's output bit
+    for bit. One batch in eight writes the pool around the mirror and empties it (what a forward without
+    `states` does): every row must then be gathered again."""
     rng = random.Random(3)
     bs, h, d, layers = 4, 2, 8, 2
     pool = BlockAllocator(num_blocks=200, block_size=bs)
@@ -37,7 +39,8 @@ def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_
     values = [torch.zeros((201 * bs, h, d)) for _ in range(layers)]
     mirror = KVMirror(layers, h, d, bs, torch.device("cpu"), torch.float32, max_bytes=1 << 30)
     seqs = [SeqBlocks() for _ in range(6)]
-    checked = 0
+    backend = GatherSDPABackend()
+    checked, holes = 0, 0
     for _ in range(300):
         batch = rng.sample(seqs, rng.randint(1, len(seqs)))
         t = rng.choice([1, 1, 2, 4, 5])
@@ -60,14 +63,16 @@ def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_
             mirror.clear()
         mb = None if around else mirror.prepare(batch, positions.tolist(), valid.tolist(), tables, keys,
                                                 values)
+        holes += 0 if mb is None else mb.span - len(batch)
         for i in range(layers):
+            q = torch.randn(len(batch), t, 2 * h, d)
             k, v = torch.randn(len(batch), t, h, d), torch.randn(len(batch), t, h, d)
-            keys[i].index_put_((meta.slot_mapping,), k.reshape(-1, h, d))
-            values[i].index_put_((meta.slot_mapping,), v.reshape(-1, h, d))
+            gathered = backend.attend(q, k, v, keys[i], values[i], meta, i)  # writes the pool: [B, T, 2h d]
             if around:
                 continue
-            mb.write(i, k, v)
-            mk, mv = mb.layer(i, meta.context_len)
+            out = backend.attend(q, k, v, keys[i], values[i], replace(meta, mirror=mb), i)
+            assert torch.equal(out[valid], gathered[valid])
+            mk, mv = (mb.collect(x) for x in mb.layer(i, meta.context_len))  # batch rows [B, ctx, H, D]
             pk, pv = gather_blocks(keys[i], meta), gather_blocks(values[i], meta)
             for r, (st, p) in enumerate(zip(batch, pad, strict=True)):
                 end = st.num_computed + t - p
@@ -75,7 +80,7 @@ def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_
                 checked += 1
         for st, p in zip(batch, pad, strict=True):
             st.num_computed += t - p
-    assert checked > 1000
+    assert checked > 1000 and holes > 100
 
 
 def decode_all(engine: Engine, requests) -> list[list[int]]:
