@@ -98,3 +98,14 @@ def test_flash_attn_backend_matches_sdpa(tmp_path):
         sdpa = engine_logits(path, prompts, chunk, block_size=256, backend="sdpa", dtype="bfloat16")
         for f, s in zip(flash, sdpa, strict=True):
             assert (f - s).abs().max() < 0.05 * s.abs().max()
+
+
+def test_fused_float32_rms_norm_equals_the_reference_formula():
+    """rms_norm's float32 path calls torch's fused op; it must give Hugging Face's formula bit for bit."""
+    from engine.model.llama import rms_norm
+
+    torch.manual_seed(0)
+    for shape in [(1, 1, 256), (12, 4, 256), (3, 300, 64)]:
+        x, w = torch.randn(*shape) * 3, torch.randn(shape[-1])
+        reference = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        assert torch.equal(rms_norm(x, w, 1e-6), reference)
