@@ -52,6 +52,9 @@ class ServerSettings:
     decode_graphs: str = _opt(TTSConfig.decode_graphs, "decode forwards from captured graphs: eager | "
                               "compile (torch.compile, CPU: minutes at start-up, cached under "
                               "DATA_DIR/inductor) | cuda_graphs | auto (cuda_graphs on CUDA, else eager)")
+    kv_mirror_mb: int = _opt(TTSConfig.kv_mirror_mb, "eager CPU decoding: MiB per model for each running "
+                             "sequence's K/V kept contiguous, so attention reads it without gathering blocks "
+                             "(0 = off)")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
     max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")
