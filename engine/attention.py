@@ -41,8 +41,8 @@ class PagedBatch:
     context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
     block_tables: torch.Tensor  # Long[B, M]
     block_size: int
-    # rows' K/V also held contiguous in batch order (engine/kv_mirror.py): attend reads it instead of
-    # gathering blocks; None: gather (captured graphs, CUDA, or over the mirror's memory bound)
+    # each row's K/V also held contiguous (engine/kv_mirror.py): attend reads it instead of gathering
+    # blocks; None: gather (captured graphs, CUDA, prefill chunks, or over the mirror's memory bound)
     mirror: MirrorBatch | None = None
 
     @property

@@ -40,8 +40,8 @@ class ModelRunner:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
         self.mirror: KVMirror | None = None
-        # prefill chunks bypass the mirror: a joining row is gathered at its first decode forward instead of
-        # reshuffling every running row around a prefill-only batch and back
+        # prefill chunks bypass the mirror (pool only): it holds decoding rows, each gathered from the pool
+        # at its first decode forward
         self.mirror_max_tokens = max(decode_tokens, default=1)
         if kv_mirror_bytes and self.captured is None and backend.name == "sdpa" and self.device.type == "cpu":
             cfg = model.cfg

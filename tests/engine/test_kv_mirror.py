@@ -1,4 +1,4 @@
-"""The KV mirror (rows' K/V kept contiguous in batch order) holds exactly what gathering the pool reads."""
+"""The KV mirror (each row's K/V kept contiguous) holds exactly what gathering the pool reads."""
 
 from __future__ import annotations
 
