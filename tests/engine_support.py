@@ -68,6 +68,12 @@ def save_draft_from(target_dir: Path, path: Path, *, layers: int = 1, noise: flo
     return path
 
 
+def save_tiny_pair(root: Path, *, seed: int, draft_layers: int = 1, noise: float = 0.05) -> tuple[Path, Path]:
+    """(target, draft) under root: a 2-layer, 256-token tiny target and a draft from its first layers."""
+    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=seed)
+    return target, save_draft_from(target, root / "draft", layers=draft_layers, noise=noise)
+
+
 def hf_model(path: Path):
     from transformers import LlamaForCausalLM
 

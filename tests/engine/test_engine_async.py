@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_tiny_pair
 
 from engine import Engine, SamplingParams
 from engine.async_engine import AsyncEngine
@@ -16,9 +16,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=40)
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("async")
-    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=41)
-    return target, save_draft_from(target, root / "draft", layers=2, noise=0.05)
+    return save_tiny_pair(tmp_path_factory.mktemp("async"), seed=41, draft_layers=2)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_tiny_pair
 
 from engine import Engine, SamplingParams
 from engine.block_manager import BlockAllocator, OutOfBlocks, SeqBlocks
@@ -14,9 +14,7 @@ from engine.block_manager import BlockAllocator, OutOfBlocks, SeqBlocks
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("blocks")
-    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=31)
-    return target, save_draft_from(target, root / "draft", layers=2, noise=0.05)
+    return save_tiny_pair(tmp_path_factory.mktemp("blocks"), seed=31, draft_layers=2)
 
 
 def test_allocator_and_rollback():

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_tiny_pair
 
 from engine import Engine, SamplingParams
 from engine.async_engine import AsyncEngine
@@ -34,9 +34,7 @@ class FailsAfter(DecodeConstraint):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=5)
-    return target, save_draft_from(target, root / "draft", layers=1, noise=0.1)
+    return save_tiny_pair(tmp_path_factory.mktemp("faults"), seed=5, noise=0.1)
 
 
 def seeded(i: int) -> SamplingParams:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_tiny_pair
 from test_engine_blocks import check_block_invariants, run_with_aborts
 
 from engine import Engine, SamplingParams
@@ -18,9 +18,7 @@ BLOCK = 4
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prefix")
-    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=41)
-    return target, save_draft_from(target, root / "draft", layers=1, noise=0.05)
+    return save_tiny_pair(tmp_path_factory.mktemp("prefix"), seed=41)
 
 
 def voice_requests(n: int, seed: int, voices: int = 2, voice_len: int = 13

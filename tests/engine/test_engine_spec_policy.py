@@ -4,7 +4,7 @@ modes between steps keeps outputs right (greedy + exact equals target-only decod
 from __future__ import annotations
 
 import pytest
-from engine_support import engine_config, save_draft_from, save_tiny_llama
+from engine_support import engine_config, save_tiny_pair
 
 from engine import Engine, SamplingParams
 from engine.spec_policy import SpeculationPolicy
@@ -45,9 +45,7 @@ def test_always_and_no_draft():
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("policy")
-    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=53)
-    return target, save_draft_from(target, root / "draft", layers=1, noise=0.05)
+    return save_tiny_pair(tmp_path_factory.mktemp("policy"), seed=53)
 
 
 def test_switching_modes_between_steps_keeps_greedy_exact_output_equal_to_target_only(pair):

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_support import DEVICE, engine_config, save_draft_from, save_tiny_llama
+from engine_support import DEVICE, engine_config, save_tiny_pair
 from test_engine_blocks import run_with_aborts
 from test_engine_prefix_cache import voice_requests
 
@@ -21,9 +21,7 @@ pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the mirror serves eager
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mirror")
-    target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=61)
-    return target, save_draft_from(target, root / "draft", layers=1, noise=0.05)
+    return save_tiny_pair(tmp_path_factory.mktemp("mirror"), seed=61)
 
 
 def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_releases():
