@@ -99,12 +99,12 @@ class KVMirror:
         return 2 * self.num_layers * rows * (capacity + 1) * h * d * torch.finfo(self.dtype).bits // 8
 
     def prepare(self, states: list[SeqBlocks], positions: list[list[int]], valid: list[list[bool]],
-                tables: torch.Tensor, pool_keys: list[torch.Tensor], pool_values: list[torch.Tensor]
-                ) -> MirrorBatch | None:
+                tables: torch.Tensor, mask: torch.Tensor, pool_keys: list[torch.Tensor],
+                pool_values: list[torch.Tensor]) -> MirrorBatch | None:
         """Give every row of this forward its mirror row (gathering joiners from the pool via `tables`
         Long[B, M]) and return the forward's write index and attention layout; None when the mirror would
         exceed `max_bytes` (the forward gathers instead). positions / valid: its [B][T] query positions and
-        which of them are real tokens."""
+        which of them are real tokens; mask: its attention mask Bool[B, 1, T, ctx] (PagedBatch.mask)."""
         self.forwards += 1
         starts, ends = [], []
         for pos, ok in zip(positions, valid, strict=True):
@@ -135,13 +135,10 @@ class KVMirror:
         if rows == list(range(span)):
             return MirrorBatch(self, write_slots, None, span, None)
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        t = len(positions[0])
-        mask = torch.zeros(span, 1, t, ctx, dtype=torch.bool, device=self.device)
-        mask[:, :, :, 0] = True  # a hole's dummy query sees one key, so its (dropped) softmax stays finite
-        key_pos = torch.arange(ctx, device=self.device)
-        query_pos = torch.tensor(positions, device=self.device).clamp(min=0)  # [B, T]
-        mask.index_copy_(0, index, (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1))
-        return MirrorBatch(self, write_slots, index, span, mask)
+        spread_mask = mask.new_zeros((span, *mask.shape[1:]))  # [span, 1, T, ctx]
+        spread_mask[..., 0] = True  # a hole's dummy query sees one key, so its (dropped) softmax stays finite
+        spread_mask.index_copy_(0, index, mask)
+        return MirrorBatch(self, write_slots, index, span, spread_mask)
 
     def _free_rows(self, active: set[int]) -> list[int]:
         """Rows that may be given away, ascending: no uid, a released sequence (its uid moved on), or idle

@@ -78,7 +78,7 @@ class ModelRunner:
             elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:
                 self.mirror.forget(states)  # written around the mirror: gathered again when they decode
             elif self.mirror is not None:
-                mirrored = self.mirror.prepare(states, positions.tolist(), valid.tolist(), tables,
+                mirrored = self.mirror.prepare(states, positions.tolist(), valid.tolist(), tables, meta.mask,
                                                self.cache.keys, self.cache.values)
                 if mirrored is not None:
                     meta = replace(meta, mirror=mirrored)

@@ -59,8 +59,8 @@ def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_
         around = rng.random() < 0.125
         if around:
             mirror.clear()
-        mb = None if around else mirror.prepare(batch, positions.tolist(), valid.tolist(), tables, keys,
-                                                values)
+        mb = None if around else mirror.prepare(batch, positions.tolist(), valid.tolist(), tables, meta.mask,
+                                                keys, values)
         holes += 0 if mb is None else mb.span - len(batch)
         for i in range(layers):
             q = torch.randn(len(batch), t, 2 * h, d)
