@@ -1,7 +1,7 @@
 """One client can never hurt another: poisoned requests beside running streams (chunked HTTP, SSE and
-WebSocket). Out-of-range values are refused at the API with a 400 naming the range; a request that fails
-inside the engine step fails alone; every other stream completes with the audio it gets when it runs
-alone."""
+WebSocket), and a client that leaves mid-stream. Out-of-range values are refused at the API with a 400
+naming the range; a request that fails inside the engine step fails alone; a client that leaves is
+aborted; every other stream completes with the audio it gets when it runs alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from dataclasses import replace
 import httpx
 import numpy as np
 import pytest
-from server_support import wait_idle
+from server_support import wait_idle, wait_until
+from test_server_streaming import metric
 from websockets.sync.client import connect
 
 from engine.errors import RequestFailed
@@ -169,3 +170,40 @@ def test_range_errors_name_the_allowed_range(live_server):
     over = httpx.post(live_server.url + "/v1/audio/speech",
                       json={"input": "Hi.", "num_speculative_tokens": gamma + 1})
     assert over.status_code == 400 and f"1..{gamma}" in over.json()["error"]["message"]
+
+
+def test_a_client_leaving_mid_stream_leaves_the_other_streams_as_they_were(live_server, tts_service):
+    """A client that disconnects mid-stream is aborted (its KV freed, its cache rows given away) while a
+    seeded stream that started after it runs in the same batches; that stream's audio is what it is alone."""
+    url = live_server.url
+    wait_idle(tts_service)
+    alone = http_stream(url, 4, sse=False)
+    # the server's count, not the engine's: a client may leave between two sentences, with no engine
+    # request running to abort
+    aborted_before = metric(url, "pcgtts:requests_total", status="aborted")
+    leaver_started, leave = threading.Event(), threading.Event()
+
+    def leaver():
+        body = {"input": TEXT * 2, "response_format": "pcm", "seed": 5}
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=120) as response:
+            for _ in response.iter_bytes():  # keep reading (a client that stops reading is not pulled)
+                leaver_started.set()
+                if leave.is_set():
+                    return  # leaving the block drops the connection mid-stream
+
+    result: dict = {}
+    started = threading.Event()
+    other = threading.Thread(target=lambda: result.update(http_stream(url, 4, False, started)), daemon=True)
+    threads = [threading.Thread(target=leaver, daemon=True), other]
+    threads[0].start()
+    assert leaver_started.wait(120)
+    threads[1].start()
+    assert started.wait(120)
+    leave.set()
+    threads[0].join(60)
+    assert not threads[0].is_alive() and threads[1].is_alive()  # it left while the other stream ran
+    threads[1].join(300)
+    assert same_audio(result["pcm"], alone["pcm"])
+    wait_idle(tts_service)  # nothing left running, KV freed
+    wait_until(lambda: metric(url, "pcgtts:requests_total", status="aborted") == aborted_before + 1,
+               "the client that left was not counted as aborted")
