@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from engine.model.config import DTYPES, LlamaConfig
-from engine.model.llama import LayerWeights, LlamaModel
+from engine.model.llama import LayerWeights, LlamaModel, Projection
 
 
 def cpu_has_native_bf16() -> bool:
@@ -87,20 +87,21 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str 
         attn, mlp = p + "self_attn.", p + "mlp."
         layers.append(LayerWeights(
             input_norm=w.get(p + "input_layernorm.weight"),
-            qkv=w.fused([attn + f"{x}_proj.weight" for x in "qkv"]),
-            qkv_bias=w.fused([attn + f"{x}_proj.bias" for x in "qkv"]) if cfg.attention_bias else None,
-            o=w.get(attn + "o_proj.weight"),
-            o_bias=w.maybe(attn + "o_proj.bias") if cfg.attention_bias else None,
+            qkv=Projection(w.fused([attn + f"{x}_proj.weight" for x in "qkv"]),
+                           w.fused([attn + f"{x}_proj.bias" for x in "qkv"]) if cfg.attention_bias else None),
+            o=Projection(w.get(attn + "o_proj.weight"),
+                         w.maybe(attn + "o_proj.bias") if cfg.attention_bias else None),
             post_norm=w.get(p + "post_attention_layernorm.weight"),
-            gate_up=w.fused([mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
-            gate_up_bias=w.fused([mlp + "gate_proj.bias", mlp + "up_proj.bias"]) if cfg.mlp_bias else None,
-            down=w.get(mlp + "down_proj.weight"),
-            down_bias=w.maybe(mlp + "down_proj.bias") if cfg.mlp_bias else None,
+            gate_up=Projection(
+                w.fused([mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
+                w.fused([mlp + "gate_proj.bias", mlp + "up_proj.bias"]) if cfg.mlp_bias else None),
+            down=Projection(w.get(mlp + "down_proj.weight"),
+                            w.maybe(mlp + "down_proj.bias") if cfg.mlp_bias else None),
         ))
     embed = w.get("embed_tokens.weight")
     if cfg.tie_word_embeddings or not w.has("lm_head.weight"):
-        lm_head = embed
+        lm_head = Projection(embed, copy=False)  # one matrix for both (a transposed copy would double it)
     else:
-        lm_head = w.get("lm_head.weight")
+        lm_head = Projection(w.get("lm_head.weight"))
     return LlamaModel(cfg, embed, layers, w.get("norm.weight"), lm_head,
                       max_positions or cfg.max_position_embeddings)

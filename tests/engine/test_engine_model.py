@@ -109,3 +109,22 @@ def test_fused_float32_rms_norm_equals_the_reference_formula():
         x, w = torch.randn(*shape) * 3, torch.randn(shape[-1])
         reference = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
         assert torch.equal(rms_norm(x, w, 1e-6), reference)
+
+
+def test_projection_equals_linear_in_both_layouts_and_keeps_a_tied_matrix_shared():
+    """Projection stores W input-major on CPU (x @ W, MKL's faster small-row GEMM) and must compute
+    F.linear's x Wᵀ + b (to fp32 rounding) for decode-, verify- and prefill-sized inputs; copy=False keeps
+    the given matrix itself (a tied head reads the embedding, no second copy)."""
+    from engine.model.llama import Projection
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64), torch.randn(96)
+    for proj in (Projection(weight, bias), Projection(weight, bias, copy=False), Projection(weight)):
+        assert proj.input_major == (proj.weight is not weight)
+        for shape in [(1, 1, 64), (6, 4, 64), (2, 300, 64)]:
+            x = torch.randn(*shape)
+            expected = torch.nn.functional.linear(x, weight, proj.bias)
+            torch.testing.assert_close(proj(x), expected, rtol=1e-5, atol=1e-5)
+    assert Projection(weight).input_major and Projection(weight).weight.shape == (64, 96)
+    tied = Projection(weight, copy=False)
+    assert tied.weight.data_ptr() == weight.data_ptr()
