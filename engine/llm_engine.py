@@ -90,11 +90,12 @@ class Engine:
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
         target_tokens = (1, self.gamma + 1)
-        self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions),
+        compiled = self.decode_graphs != "eager"
+        self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions, compiled),
                                   num_blocks, block_size, backend, decode_tokens=target_tokens, **graphs)
         self.draft = None
         if draft_config is not None:
-            self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions),
+            self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions, compiled),
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft

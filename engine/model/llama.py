@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from engine.attention import AttentionBackend, PagedBatch
 from engine.kv_cache import KVCache
 from engine.model.config import LlamaConfig
-from engine.model.rope import RotaryEmbedding, apply_rotary
+from engine.model.rope import RotaryEmbedding
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -63,7 +63,9 @@ class LayerWeights:
 
 class LlamaModel:
     def __init__(self, cfg: LlamaConfig, embed: torch.Tensor, layers: list[LayerWeights],
-                 final_norm: torch.Tensor, lm_head: Projection, max_positions: int):
+                 final_norm: torch.Tensor, lm_head: Projection, max_positions: int,
+                 interleaved_rope: bool = False):
+        """interleaved_rope: the q/k rows of every layer's qkv are in interleaved-pair order (rope.py)."""
         self.cfg = cfg
         self.embed = embed  # [V, d]
         self.layers = layers
@@ -71,7 +73,7 @@ class LlamaModel:
         self.lm_head = lm_head  # d -> V; over the same tensor as `embed` when tied
         self.device, self.dtype = embed.device, embed.dtype
         self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions,
-                                    self.device, self.dtype)
+                                    self.device, self.dtype, interleaved=interleaved_rope)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
@@ -87,14 +89,14 @@ class LlamaModel:
         cfg = self.cfg
         b, t = input_ids.shape
         x = F.embedding(input_ids, self.embed)  # [B, T, d]
-        cos, sin = self.rope.lookup(meta.positions)
+        rotation = self.rope.lookup(meta.positions)
         qk_size = self.q_size + self.kv_size
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
             qkv = w.qkv(h)  # [B, T, (H + 2 H_kv) D]
             # q and k rotated together: one set of elementwise ops for all their heads
             qk = qkv[..., :qk_size].view(b, t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
-            q, k = apply_rotary(qk, cos, sin).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
+            q, k = self.rope.rotate(qk, rotation).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
             v = qkv[..., qk_size:].view(b, t, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = cache.layer(i)
             attn = backend.attend(q, k, v, k_cache, v_cache, meta, i)  # [B, T, H D]

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from engine.model.config import DTYPES, LlamaConfig
 from engine.model.llama import LayerWeights, LlamaModel, Projection
+from engine.model.rope import interleave_rope_rows, uses_interleaved_rope
 
 
 def cpu_has_native_bf16() -> bool:
@@ -76,19 +77,21 @@ class _Weights:
 
 
 def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
-               max_positions: int | None = None) -> LlamaModel:
+               max_positions: int | None = None, compiled: bool = False) -> LlamaModel:
+    """compiled: the model's decode forwards will run as compiled graphs (keeps RoPE in rotate-half form)."""
     path, device = Path(path), torch.device(device)
     cfg = LlamaConfig.from_dir(path)
     dtype = resolve_dtype(dtype, device)
     w = _Weights(path, device, dtype)
+    interleaved = uses_interleaved_rope(device, dtype, compiled)
     layers = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
         layers.append(LayerWeights(
             input_norm=w.get(p + "input_layernorm.weight"),
-            qkv=Projection(w.fused([attn + f"{x}_proj.weight" for x in "qkv"]),
-                           w.fused([attn + f"{x}_proj.bias" for x in "qkv"]) if cfg.attention_bias else None),
+            qkv=Projection(_qkv(w, attn, "weight", cfg, interleaved),
+                           _qkv(w, attn, "bias", cfg, interleaved) if cfg.attention_bias else None),
             o=Projection(w.get(attn + "o_proj.weight"),
                          w.maybe(attn + "o_proj.bias") if cfg.attention_bias else None),
             post_norm=w.get(p + "post_attention_layernorm.weight"),
@@ -104,4 +107,15 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str 
     else:
         lm_head = Projection(w.get("lm_head.weight"))
     return LlamaModel(cfg, embed, layers, w.get("norm.weight"), lm_head,
-                      max_positions or cfg.max_position_embeddings)
+                      max_positions or cfg.max_position_embeddings, interleaved_rope=interleaved)
+
+
+def _qkv(w: _Weights, prefix: str, kind: str, cfg: LlamaConfig, interleaved: bool) -> torch.Tensor:
+    """q, k and v projections' `kind` ("weight" or "bias") fused into one tensor along their output rows,
+    q and k heads in interleaved-pair order when `interleaved` (rope.py)."""
+    names = [f"{prefix}{x}_proj.{kind}" for x in "qkv"]
+    if not interleaved:
+        return w.fused(names)
+    q, k, v = (w.get(n) for n in names)
+    return torch.cat([interleave_rope_rows(q, cfg.num_heads, cfg.head_dim),
+                      interleave_rope_rows(k, cfg.num_kv_heads, cfg.head_dim), v], dim=0)

@@ -42,9 +42,16 @@ def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 
     return [torch.cat(o) for o in outs]
 
 
+@pytest.mark.parametrize("interleaved_rope", [True, False], ids=["interleaved-rope", "rotate-half-rope"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_match_transformers(tmp_path, case):
+def test_logits_match_transformers(tmp_path, monkeypatch, case, interleaved_rope):
+    """Both RoPE forms (rope.py: interleaved complex pairs, the CPU fp32 default, and the checkpoint's
+    rotate-half form used elsewhere) give Hugging Face's logits."""
+    import engine.model.loader as loader
+
+    monkeypatch.setattr(loader, "uses_interleaved_rope", lambda *_: interleaved_rope)
     path = save_tiny_llama(tmp_path / case, vocab=300, layers=2, seed=3, **CASES[case])
+    assert load_llama(path, DEVICE, "float32").rope.interleaved == interleaved_rope
     hf = hf_model(path)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (29, 5, 70)]
