@@ -10,6 +10,7 @@ Rows are processed together; the only Python loops are over small constants, nev
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -60,12 +61,12 @@ def assemble(
     draft_tokens: torch.Tensor,
     num_accepted: torch.Tensor,
     last_token: torch.Tensor,
-    accepted_groups: torch.Tensor | None = None,
-    last_group: torch.Tensor | None = None,
+    labels: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Verdict:
     """Accepted prefix, then `last_token` at position num_accepted, -1 after it.
 
-    accepted_groups: Long[B, γ] labels of the draft positions; last_group: Long[B] label of the last token."""
+    labels: PCG's group labels, built only if the verdict's `groups` is read: () -> (Long[B, γ] labels of
+    the draft positions, Long[B] label of the last token)."""
     b, g = draft_tokens.shape
     at = num_accepted[:, None]  # [B, 1]
     after = torch.arange(g + 1, device=draft_tokens.device)[None, :] > at  # [B, γ+1]
@@ -74,12 +75,11 @@ def assemble(
         last = last.long()[:, None]
         return torch.cat([prefix.long(), last], dim=1).scatter_(1, at, last).masked_fill_(after, -1)
 
-    if accepted_groups is None and last_group is None:
-        groups = torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
-    else:
-        none = torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
-        groups = place(none[:, :g] if accepted_groups is None else accepted_groups,
-                       none[:, g] if last_group is None else last_group)
+    def groups() -> torch.Tensor:
+        if labels is None:
+            return torch.full((b, g + 1), -1, dtype=torch.long, device=draft_tokens.device)
+        return place(*labels())
+
     return Verdict(tokens=place(draft_tokens, last_token), num_accepted=num_accepted, groups=groups)
 
 

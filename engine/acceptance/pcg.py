@@ -58,6 +58,7 @@ class PCGRule(AcceptanceRule):
         self.residual = residual
         # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
         self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
+        self._starts: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
     @property
     def row_draws(self) -> bool:
@@ -94,7 +95,7 @@ class PCGRule(AcceptanceRule):
         if self.residual == "enumerate":
             last_token, last_group = self._enumerated_emission(
                 table, draft_probs, target_probs, num_accepted, u_emit, generator)
-            return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+            return assemble(draft_tokens, num_accepted, last_token, lambda: (labels, last_group))
 
         last_token = torch.empty(b, dtype=torch.long, device=device)
         last_group = torch.full((b,), -1, dtype=torch.long, device=device)
@@ -115,7 +116,7 @@ class PCGRule(AcceptanceRule):
                 generator,
             )
             last_token[rejected], last_group[rejected] = tokens, groups
-        return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+        return assemble(draft_tokens, num_accepted, last_token, lambda: (labels, last_group))
 
     def _verify_small(self, table, draft_tokens, draft_probs, target_probs, labels, u_accept, u_emit,
                       generator) -> Verdict:
@@ -125,26 +126,36 @@ class PCGRule(AcceptanceRule):
         b, g = draft_tokens.shape
         members_pad, weights_pad = self._padded_groups(table)  # [M, Gmax]
         label_members, label_weights = members_pad[labels], weights_pad[labels]  # [B, γ, Gmax]
-        p_c = (torch.gather(draft_probs, 2, label_members).double() * label_weights).sum(-1)  # [B, γ]
-        q_c = (torch.gather(target_probs[:, :g], 2, label_members).double() * label_weights).sum(-1)
+        # P_c and Q_c of the labels in one gather over p and q stacked (a few KB at decode sizes)
+        both = torch.stack([draft_probs, target_probs[:, :g]])  # [2, B, γ, V]
+        members_both = label_members.expand(2, *label_members.shape)
+        p_c, q_c = (torch.gather(both, 3, members_both).double() * label_weights).sum(-1)  # [B, γ] each
         num_accepted = count_accepted(u_accept * p_c < q_c)
         # emission position n_b: group ~ norm[Q_c - P_c]_+ (P_c = 0 at the bonus slot), token ~ q within it;
         # Q_c - P_c is the coarse-graining of q - p (linear)
         # q - p at every position (p = 0 at the bonus slot), then each row's emission position
-        diffs = target_probs.float().clone()  # [B, γ+1, V]
+        diffs = target_probs.clone()  # [B, γ+1, V] (probs are float32)
         diffs[:, :g] -= draft_probs
-        emit_row = torch.arange(b, device=diffs.device) * (g + 1) + num_accepted  # [B] into [B (γ+1)]
+        emit_row = self._row_starts(b, g + 1, diffs.device) + num_accepted  # [B] into [B (γ+1)]
         residual = table.coarse(diffs.view(-1, table.vocab_size).index_select(0, emit_row)).clamp_(min=0.0)
-        empty = residual.sum(-1) <= 0  # P_c == Q_c up to rounding (rejection had probability ~0): use Q_c
-        if bool(empty.any()):
+        totals = residual.sum(-1)
+        if float(totals.min()) <= 0:  # P_c == Q_c up to rounding (rejection had probability ~0): use Q_c
+            empty = totals <= 0
             residual[empty] = table.coarse(rows_at(target_probs, num_accepted)[empty])
         group = sample_rows(residual, generator, u=u_emit)  # [B]
         members = members_pad[group]  # [B, Gmax]
-        flat = emit_row * table.vocab_size  # [B]
-        weights = torch.take(target_probs, flat[:, None] + members).double() * weights_pad[group]
+        q_emit = target_probs.view(-1, table.vocab_size).index_select(0, emit_row)  # [B, V]
+        weights = torch.gather(q_emit, 1, members).double() * weights_pad[group]
         last_token = torch.gather(members, 1, sample_rows(weights, generator)[:, None])[:, 0]
-        last_group = torch.where(num_accepted < g, group, -1)
-        return assemble(draft_tokens, num_accepted, last_token, labels, last_group)
+        return assemble(draft_tokens, num_accepted, last_token,
+                        lambda: (labels, torch.where(num_accepted < g, group, -1)))
+
+    def _row_starts(self, rows: int, width: int, device: torch.device) -> torch.Tensor:
+        """Long[rows]: 0, width, 2·width, ... (the first flat row of each sequence), made once per shape."""
+        key = (rows, width, device)
+        if key not in self._starts:
+            self._starts[key] = torch.arange(rows, device=device) * width
+        return self._starts[key]
 
     def _padded_groups(self, table: ASGTable) -> tuple[torch.Tensor, torch.Tensor]:
         """Members of every group as rows of one matrix, Long[M, Gmax] (padding: token 0), and their

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 
 
-@dataclass
 class Verdict:
     """What a rule decided for each of B sequences after one draft of γ tokens.
 
@@ -16,12 +15,21 @@ class Verdict:
     num_accepted: Long[B]       accepted draft tokens, in [0, γ].
     groups:       Long[B, γ+1]  PCG only: the group label K of each emitted token (the accepted label, or
                                  the residual group after a rejection); -1 for the bonus token, for padding
-                                 and for other rules.
+                                 and for other rules. Built on first access (the engine never reads it;
+                                 at decode sizes each tensor op counts).
     """
 
-    tokens: torch.Tensor
-    num_accepted: torch.Tensor
-    groups: torch.Tensor
+    def __init__(self, tokens: torch.Tensor, num_accepted: torch.Tensor,
+                 groups: torch.Tensor | Callable[[], torch.Tensor]):
+        self.tokens = tokens
+        self.num_accepted = num_accepted
+        self._groups = groups
+
+    @property
+    def groups(self) -> torch.Tensor:
+        if callable(self._groups):
+            self._groups = self._groups()
+        return self._groups
 
     @property
     def num_emitted(self) -> torch.Tensor:  # Long[B] in [1, γ+1]
