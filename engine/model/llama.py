@@ -28,6 +28,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+class RMSNorm:
+    """Hugging Face's RMSNorm, weight · x / sqrt(mean(x²) + eps), computed in float32.
+
+    With `layer_norm_form` (CPU, float32, eager: the loader's `few_op_forms`), decode-sized inputs (at
+    most `LAYER_NORM_MAX_ROWS` rows) run as one `layer_norm` over [x, -x]: that row has mean 0 and variance
+    mean(x²), so layer norm's output over its first half is RMSNorm's, from torch's single fused CPU
+    kernel, where `F.rms_norm` is half a dozen small ops (agrees to float32 rounding, not bit for bit;
+    tested). Larger inputs (prefill) take `rms_norm`. The result may be a strided view ([..., :d] of
+    [..., 2d])."""
+
+    LAYER_NORM_MAX_ROWS = 64
+
+    def __init__(self, weight: torch.Tensor, eps: float, layer_norm_form: bool = False):
+        self.weight, self.eps = weight, eps  # [d]
+        self.dim = weight.shape[0]
+        self.layer_norm_weight = None  # [2d]: weight, then zeros (the mirrored half is dropped)
+        if layer_norm_form and weight.dtype == torch.float32:
+            self.layer_norm_weight = torch.cat([weight, torch.zeros_like(weight)])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., d] -> [..., d]."""
+        d = self.dim
+        small = x.numel() <= self.LAYER_NORM_MAX_ROWS * d
+        if self.layer_norm_weight is None or x.dtype != torch.float32 or not small:
+            return rms_norm(x, self.weight, self.eps)
+        mirrored = torch.cat([x, x.neg()], dim=-1)  # [..., 2d]
+        return F.layer_norm(mirrored, (2 * d,), self.layer_norm_weight, None, self.eps)[..., :d]
+
+
 class Projection:
     """y = x Wᵀ + b for a checkpoint matrix W [out, in].
 
@@ -53,17 +82,17 @@ class Projection:
 
 @dataclass
 class LayerWeights:
-    input_norm: torch.Tensor  # [d]
+    input_norm: RMSNorm  # [d]
     qkv: Projection  # d -> (H + 2 H_kv) D
     o: Projection  # H D -> d
-    post_norm: torch.Tensor  # [d]
+    post_norm: RMSNorm  # [d]
     gate_up: Projection  # d -> 2 I
     down: Projection  # I -> d
 
 
 class LlamaModel:
     def __init__(self, cfg: LlamaConfig, embed: torch.Tensor, layers: list[LayerWeights],
-                 final_norm: torch.Tensor, lm_head: Projection, max_positions: int,
+                 final_norm: RMSNorm, lm_head: Projection, max_positions: int,
                  interleaved_rope: bool = False):
         """interleaved_rope: the q/k rows of every layer's qkv are in interleaved-pair order (rope.py)."""
         self.cfg = cfg
@@ -92,7 +121,7 @@ class LlamaModel:
         rotation = self.rope.lookup(meta.positions)
         qk_size = self.q_size + self.kv_size
         for i, w in enumerate(self.layers):
-            h = rms_norm(x, w.input_norm, cfg.rms_norm_eps)
+            h = w.input_norm(x)
             qkv = w.qkv(h)  # [B, T, (H + 2 H_kv) D]
             # q and k rotated together: one set of elementwise ops for all their heads
             qk = qkv[..., :qk_size].view(b, t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
@@ -101,10 +130,10 @@ class LlamaModel:
             k_cache, v_cache = cache.layer(i)
             attn = backend.attend(q, k, v, k_cache, v_cache, meta, i)  # [B, T, H D]
             x = x + w.o(attn)
-            h = rms_norm(x, w.post_norm, cfg.rms_norm_eps)
+            h = w.post_norm(x)
             gate, up = w.gate_up(h).chunk(2, dim=-1)
             x = x + w.down(F.silu(gate) * up)
-        return rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+        return self.final_norm(x)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 
 from engine.model.config import DTYPES, LlamaConfig
-from engine.model.llama import LayerWeights, LlamaModel, Projection
-from engine.model.rope import interleave_rope_rows, uses_interleaved_rope
+from engine.model.llama import LayerWeights, LlamaModel, Projection, RMSNorm
+from engine.model.rope import interleave_rope_rows
 
 
 def cpu_has_native_bf16() -> bool:
@@ -76,6 +76,14 @@ class _Weights:
         return torch.cat(parts, dim=0)
 
 
+def few_op_forms(device: torch.device, dtype: torch.dtype, compiled: bool = False) -> bool:
+    """Whether a model's decode forwards run op by op on a CPU in float32 (eager), where each small torch op
+    costs more than its arithmetic: then the loader picks the forms with fewer ops, interleaved RoPE
+    (rope.py) and RMSNorm as a layer norm (llama.RMSNorm). Compiled graphs, CUDA and half precision keep
+    the checkpoint's forms, which inductor and CUDA graphs fuse anyway."""
+    return device.type == "cpu" and dtype == torch.float32 and not compiled
+
+
 def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
                max_positions: int | None = None, compiled: bool = False) -> LlamaModel:
     """compiled: the model's decode forwards will run as compiled graphs (keeps RoPE in rotate-half form)."""
@@ -83,18 +91,18 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str 
     cfg = LlamaConfig.from_dir(path)
     dtype = resolve_dtype(dtype, device)
     w = _Weights(path, device, dtype)
-    interleaved = uses_interleaved_rope(device, dtype, compiled)
+    few_ops = few_op_forms(device, dtype, compiled)
     layers = []
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         attn, mlp = p + "self_attn.", p + "mlp."
         layers.append(LayerWeights(
-            input_norm=w.get(p + "input_layernorm.weight"),
-            qkv=Projection(_qkv(w, attn, "weight", cfg, interleaved),
-                           _qkv(w, attn, "bias", cfg, interleaved) if cfg.attention_bias else None),
+            input_norm=RMSNorm(w.get(p + "input_layernorm.weight"), cfg.rms_norm_eps, few_ops),
+            qkv=Projection(_qkv(w, attn, "weight", cfg, few_ops),
+                           _qkv(w, attn, "bias", cfg, few_ops) if cfg.attention_bias else None),
             o=Projection(w.get(attn + "o_proj.weight"),
                          w.maybe(attn + "o_proj.bias") if cfg.attention_bias else None),
-            post_norm=w.get(p + "post_attention_layernorm.weight"),
+            post_norm=RMSNorm(w.get(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps, few_ops),
             gate_up=Projection(
                 w.fused([mlp + "gate_proj.weight", mlp + "up_proj.weight"]),
                 w.fused([mlp + "gate_proj.bias", mlp + "up_proj.bias"]) if cfg.mlp_bias else None),
@@ -106,8 +114,8 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str 
         lm_head = Projection(embed, copy=False)  # one matrix for both (a transposed copy would double it)
     else:
         lm_head = Projection(w.get("lm_head.weight"))
-    return LlamaModel(cfg, embed, layers, w.get("norm.weight"), lm_head,
-                      max_positions or cfg.max_position_embeddings, interleaved_rope=interleaved)
+    return LlamaModel(cfg, embed, layers, RMSNorm(w.get("norm.weight"), cfg.rms_norm_eps, few_ops), lm_head,
+                      max_positions or cfg.max_position_embeddings, interleaved_rope=few_ops)
 
 
 def _qkv(w: _Weights, prefix: str, kind: str, cfg: LlamaConfig, interleaved: bool) -> torch.Tensor:

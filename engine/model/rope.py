@@ -5,8 +5,8 @@ needs q·k, which is unchanged when q and k permute their dimensions alike, so t
 head to interleaved pairs (j, j + D/2) -> (2j, 2j + 1) (`interleave_rope_rows`) and rotate each pair as one
 complex number: a single complex multiply per forward and layer instead of slicing, negating, concatenating
 and three arithmetic passes. On CPU with float32 weights that saves ~5 small ops per layer, which is what a
-decode forward of a small model pays for (`uses_interleaved_rope`); elsewhere the checkpoint's own form is
-kept: bf16/fp16 have no complex type to match, CUDA graphs and inductor fuse the real ops anyway (and
+decode forward of a small model pays for (the loader's `few_op_forms`); elsewhere the checkpoint's own form
+is kept: bf16/fp16 have no complex type to match, CUDA graphs and inductor fuse the real ops anyway (and
 inductor has no complex code generation).
 """
 
@@ -41,12 +41,6 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(in_band, blended, scaled)
-
-
-def uses_interleaved_rope(device: torch.device, dtype: torch.dtype, compiled: bool = False) -> bool:
-    """Whether a model on `device` in `dtype` (decoding through compiled graphs or not) stores its q/k heads
-    interleaved and rotates them as complex pairs."""
-    return device.type == "cpu" and dtype == torch.float32 and not compiled
 
 
 def interleave_rope_rows(weight: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:

@@ -42,16 +42,17 @@ def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 
     return [torch.cat(o) for o in outs]
 
 
-@pytest.mark.parametrize("interleaved_rope", [True, False], ids=["interleaved-rope", "rotate-half-rope"])
+@pytest.mark.parametrize("few_ops", [True, False], ids=["few-op-forms", "checkpoint-forms"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_match_transformers(tmp_path, monkeypatch, case, interleaved_rope):
-    """Both RoPE forms (rope.py: interleaved complex pairs, the CPU fp32 default, and the checkpoint's
-    rotate-half form used elsewhere) give Hugging Face's logits."""
+def test_logits_match_transformers(tmp_path, monkeypatch, case, few_ops):
+    """Both sets of forms (loader.few_op_forms: interleaved RoPE and layer-norm RMSNorm, the CPU fp32 eager
+    default, and the checkpoint's own forms used elsewhere) give Hugging Face's logits."""
     import engine.model.loader as loader
 
-    monkeypatch.setattr(loader, "uses_interleaved_rope", lambda *_: interleaved_rope)
+    monkeypatch.setattr(loader, "few_op_forms", lambda *_: few_ops)
     path = save_tiny_llama(tmp_path / case, vocab=300, layers=2, seed=3, **CASES[case])
-    assert load_llama(path, DEVICE, "float32").rope.interleaved == interleaved_rope
+    model = load_llama(path, DEVICE, "float32")
+    assert model.rope.interleaved == few_ops and (model.final_norm.layer_norm_weight is not None) == few_ops
     hf = hf_model(path)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (29, 5, 70)]
@@ -135,3 +136,20 @@ def test_projection_equals_linear_in_both_layouts_and_keeps_a_tied_matrix_shared
     assert Projection(weight).input_major and Projection(weight).weight.shape == (64, 96)
     tied = Projection(weight, copy=False)
     assert tied.weight.data_ptr() == weight.data_ptr()
+
+
+def test_layer_norm_form_of_rms_norm_agrees_with_the_reference_formula():
+    """RMSNorm's layer-norm form (decode-sized CPU fp32 inputs) gives Hugging Face's formula to float32
+    rounding; prefill-sized inputs and the plain form go through rms_norm, bit for bit."""
+    from engine.model.llama import RMSNorm
+
+    torch.manual_seed(0)
+    weight = torch.randn(256)
+    fast, plain = RMSNorm(weight, 1e-6, layer_norm_form=True), RMSNorm(weight, 1e-6)
+    for shape in [(1, 1, 256), (1, 4, 256), (12, 4, 256), (3, 300, 256)]:
+        x = torch.randn(*shape) * 3
+        reference = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        torch.testing.assert_close(fast(x), reference, rtol=1e-5, atol=1e-5)
+        assert torch.equal(plain(x), reference)
+        if x.numel() > RMSNorm.LAYER_NORM_MAX_ROWS * 256:
+            assert torch.equal(fast(x), reference)
