@@ -23,6 +23,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
 from engine.llm_engine import Engine, RequestOutput
 from engine.metrics import EngineMetrics
+from engine.torch_threads import adopt_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class AsyncEngine:
 
     # ---- engine thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
+        adopt_torch_threads()
         engine = self.engine
         while True:
             self._wake.clear()

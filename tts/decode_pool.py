@@ -15,6 +15,7 @@ import numpy as np
 
 from engine.codec.base import Codec, StreamingDecoder
 from engine.faults import is_device_fault
+from engine.torch_threads import adopt_torch_threads
 
 
 @dataclass
@@ -94,6 +95,7 @@ class DecodePool:
         return batch, stop
 
     def _run(self, jobs: queue.PriorityQueue) -> None:
+        adopt_torch_threads()
         stop = False
         while not stop:
             batch, stop = self._take(jobs)
