@@ -3,7 +3,8 @@
 Weights are plain tensors with q/k/v and gate/up fused into one matrix each, so a layer is three big
 matmuls plus attention; on CPU each projection keeps its matrix input-major (`Projection`). Numerics
 follow Hugging Face's `LlamaForCausalLM` (RMSNorm in float32, rotate-half RoPE, cos/sin in the model
-dtype).
+dtype); eager CPU fp32 models use equivalent forms with fewer ops (loader.few_op_forms: interleaved RoPE,
+RMSNorm as a layer norm), equal to float32 rounding.
 """
 
 from __future__ import annotations
@@ -62,15 +63,13 @@ class Projection:
 
     On CPU W is stored transposed, input-major ([in, out], contiguous), and applied as x @ W: MKL's GEMM
     for the few rows of a decode or verify forward (1-64) runs 1.3-4x faster on that layout than on
-    x @ Wᵀ (`F.linear`), and no slower for prefill-sized inputs; a 4-token verify forward then costs
-    little more than a 1-token one, as the weights are read once either way. Elsewhere (CUDA) `F.linear`.
+    x @ Wᵀ (`F.linear`), and no slower for prefill-sized inputs. Elsewhere (CUDA) `F.linear`.
     `copy=False` keeps W as given (F.linear): a tied head shares its matrix with the embedding."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, copy: bool = True):
         self.input_major = copy and weight.device.type == "cpu"
         self.weight = weight.t().contiguous() if self.input_major else weight  # [in, out] or [out, in]
         self.bias = bias
-        self.out_features = weight.shape[0]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., out]."""

@@ -86,7 +86,8 @@ def few_op_forms(device: torch.device, dtype: torch.dtype, compiled: bool = Fals
 
 def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype = "auto",
                max_positions: int | None = None, compiled: bool = False) -> LlamaModel:
-    """compiled: the model's decode forwards will run as compiled graphs (keeps RoPE in rotate-half form)."""
+    """compiled: the model's decode forwards will run as compiled graphs (keeps the checkpoint's forms,
+    `few_op_forms`)."""
     path, device = Path(path), torch.device(device)
     cfg = LlamaConfig.from_dir(path)
     dtype = resolve_dtype(dtype, device)
