@@ -5,14 +5,19 @@ On a GPU a verify step over γ+1 positions costs about one decode step, so specu
 on a CPU the forward's cost grows with the tokens it scores, so whether it pays depends on the batch,
 the acceptance and the machine (embedded model on the shared 2-core CPU: between 0.6x and 1.1x of
 target-only at batch 12, depending on the run). The policy keeps, per batch-size class (1, 2-3, 4-7,
-8-15, ...) and mode, the median of the latest steps' costs per sequence, and a moving average of tokens
-emitted per sequence per speculative step (which carries the measured acceptance), and picks the mode
-with the higher expected rate
+8-15, ...) and mode, the median of the latest steps' costs per sequence, and the mean of tokens emitted
+per sequence over the last `window` speculative steps (which carries the measured acceptance), and picks
+the mode with the higher expected rate
 
     speculative: tokens_per_seq / t_spec_per_seq(class)      target-only: 1 / t_target_per_seq(class)
 
 A mode not yet timed in a class is tried; the losing mode is re-timed every `retry_every` steps of that
-class, so a change of load or acceptance is noticed. A speculative step right after target-only ones
+class, so a change of load or acceptance is noticed. Tokens per speculative step vary from 1 to γ+1 step
+to step, and while target-only wins the estimate only hears from retries, so a short average locks
+speculation out after a chance dip: with an exponential average (weight 0.2) a batch-1 stream whose
+speculation paid 13% speculated on a quarter of its steps (tests/engine/test_engine_spec_policy.py); the
+mean over 128 steps keeps it on for ~90% of them and still turns it off within ~70 steps of a real
+collapse. A speculative step right after target-only ones
 also feeds the draft the tokens it missed; that switching cost is left out of the timing. Steps are
 timed by the engine thread's CPU time where torch runs on that thread alone (engine.llm_engine), so
 other processes on a shared machine do not skew the choice. Decisions depend only on step
@@ -48,9 +53,10 @@ class _Timing:
 class SpeculationPolicy:
     gamma: int
     mode: str = "auto"  # "auto" | "always"
-    alpha: float = 0.2  # weight of the newest step in the moving average of tokens per sequence
+    window: int = 128  # speculative steps whose tokens per sequence are averaged
     retry_every: int = 20  # steps in one batch-size class between re-timings of the mode not chosen
-    tokens_per_seq: float | None = None  # moving average per speculative step (1 + accepted drafts)
+    tokens_per_seq: float | None = None  # mean over the window, per speculative step (1 + accepted drafts)
+    _recent_tokens: deque = field(default_factory=deque)  # per sequence, the last `window` speculative steps
     _timings: dict[tuple[int, bool], _Timing] = field(default_factory=dict)
     _since_retry: dict[int, int] = field(default_factory=dict)
     _last: bool | None = None  # mode of the previous step
@@ -107,9 +113,10 @@ class SpeculationPolicy:
         self._last = speculative
         if speculative:
             self.speculative_steps += 1
-            per_seq = tokens / batch
-            self.tokens_per_seq = per_seq if self.tokens_per_seq is None else (
-                (1 - self.alpha) * self.tokens_per_seq + self.alpha * per_seq)
+            self._recent_tokens.append(tokens / batch)
+            if len(self._recent_tokens) > self.window:
+                self._recent_tokens.popleft()
+            self.tokens_per_seq = statistics.fmean(self._recent_tokens)
         else:
             self.target_only_steps += 1
 
