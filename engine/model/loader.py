@@ -122,9 +122,7 @@ def load_llama(path: str | Path, device: str | torch.device = "cpu", dtype: str 
 def _qkv(w: _Weights, prefix: str, kind: str, cfg: LlamaConfig, interleaved: bool) -> torch.Tensor:
     """q, k and v projections' `kind` ("weight" or "bias") fused into one tensor along their output rows,
     q and k heads in interleaved-pair order when `interleaved` (rope.py)."""
-    names = [f"{prefix}{x}_proj.{kind}" for x in "qkv"]
+    fused = w.fused([f"{prefix}{x}_proj.{kind}" for x in "qkv"])
     if not interleaved:
-        return w.fused(names)
-    q, k, v = (w.get(n) for n in names)
-    return torch.cat([interleave_rope_rows(q, cfg.num_heads, cfg.head_dim),
-                      interleave_rope_rows(k, cfg.num_kv_heads, cfg.head_dim), v], dim=0)
+        return fused
+    return interleave_rope_rows(fused, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)

@@ -44,11 +44,13 @@ def _llama3_scaled(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 
 def interleave_rope_rows(weight: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """Rows of a q or k projection ([num_heads * head_dim, ...]; a bias: [num_heads * head_dim]) reordered
-    within each head from rotate-half order to interleaved pairs: new row 2j = old j, 2j + 1 = old j + D/2."""
+    """Rows of a fused projection ([rows, ...]; a bias: [rows]) whose first `num_heads` heads are rotated
+    (q and k), reordered within each of those heads from rotate-half order to interleaved pairs: new row
+    2j = old j, 2j + 1 = old j + D/2. Rows after them (v) keep their place."""
     half = head_dim // 2
     order = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()  # [D]
-    rows = (torch.arange(num_heads)[:, None] * head_dim + order[None, :]).flatten().to(weight.device)
+    rotated = (torch.arange(num_heads)[:, None] * head_dim + order[None, :]).flatten()
+    rows = torch.cat([rotated, torch.arange(num_heads * head_dim, weight.shape[0])]).to(weight.device)
     return weight.index_select(0, rows)
 
 
