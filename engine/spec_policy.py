@@ -17,12 +17,11 @@ to step, and while target-only wins the estimate only hears from retries, so a s
 speculation out after a chance dip: with an exponential average (weight 0.2) a batch-1 stream whose
 speculation paid 13% speculated on a quarter of its steps (tests/engine/test_engine_spec_policy.py); the
 mean over 128 steps keeps it on for ~90% of them and still turns it off within ~70 steps of a real
-collapse. A speculative step right after target-only ones
-also feeds the draft the tokens it missed; that switching cost is left out of the timing. Steps are
-timed by the engine thread's CPU time where torch runs on that thread alone (engine.llm_engine), so
-other processes on a shared machine do not skew the choice. Decisions depend only on step
-counts and measured times, never on a random draw, so the per-request generators see the same draws
-for the same decisions.
+collapse. A speculative step right after target-only ones also feeds the draft the tokens it missed; that
+switching cost is left out of the timing. Steps are timed by the engine thread's CPU time where torch runs
+on that thread alone (engine.llm_engine), so other processes on a shared machine do not skew the choice.
+Decisions depend only on step counts and measured times, never on a random draw, so the per-request
+generators see the same draws for the same decisions.
 """
 
 from __future__ import annotations
@@ -55,8 +54,7 @@ class SpeculationPolicy:
     mode: str = "auto"  # "auto" | "always"
     window: int = 128  # speculative steps whose tokens per sequence are averaged
     retry_every: int = 20  # steps in one batch-size class between re-timings of the mode not chosen
-    tokens_per_seq: float | None = None  # mean over the window, per speculative step (1 + accepted drafts)
-    _recent_tokens: deque = field(default_factory=deque)  # per sequence, the last `window` speculative steps
+    _recent_tokens: deque = field(init=False)  # tokens per sequence of the last `window` speculative steps
     _timings: dict[tuple[int, bool], _Timing] = field(default_factory=dict)
     _since_retry: dict[int, int] = field(default_factory=dict)
     _last: bool | None = None  # mode of the previous step
@@ -67,6 +65,13 @@ class SpeculationPolicy:
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
             raise ValueError(f"speculation policy must be one of {POLICIES}, not {self.mode!r}")
+        self._recent_tokens = deque(maxlen=self.window)
+
+    @property
+    def tokens_per_seq(self) -> float | None:
+        """Mean tokens per sequence of a speculative step (1 + accepted drafts) over the window; None
+        before the first."""
+        return statistics.fmean(self._recent_tokens) if self._recent_tokens else None
 
     def speculate(self, batch: int) -> bool:
         """Whether the next step of `batch` sequences should speculate."""
@@ -114,9 +119,6 @@ class SpeculationPolicy:
         if speculative:
             self.speculative_steps += 1
             self._recent_tokens.append(tokens / batch)
-            if len(self._recent_tokens) > self.window:
-                self._recent_tokens.popleft()
-            self.tokens_per_seq = statistics.fmean(self._recent_tokens)
         else:
             self.target_only_steps += 1
 
