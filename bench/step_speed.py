@@ -2,6 +2,9 @@
 forward costs that bound speculation (Leviathan et al.: speed-up <= (1 - α^{γ+1}) / ((1 - α)(γc + v))).
 
 Speech prompts from the bundle's family and voices (the acceptance sweep's sentences), T=0.8, seeds fixed.
+Every batch size decodes the same `--utterances` prompts (sentence i with seed i), in consecutive batches of
+that size: batch 1 decodes them one after another, so its speed-ups average over as many sample paths as
+the larger batches do instead of resting on one utterance's.
 For every decode-graph mode (`--graphs`) it builds one engine per rule, then runs the repeats round-robin
 (every configuration once per repeat, so drift of a shared machine hits all alike) and reports medians.
 Forward costs come from the same engines: c = draft forward (1 token) / target forward (1 token),
@@ -44,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-tokens", type=int, default=400, help="cap on generated tokens per utterance")
+    parser.add_argument("--utterances", type=int, default=0,
+                        help="prompts every batch size decodes, in batches of its size (default: the largest "
+                             "batch size)")
     parser.add_argument("--context", type=int, default=300, help="cached tokens for the forward timings")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto")
@@ -76,9 +82,15 @@ def build_engine(bundle: ModelBundle, rule: str, graphs: str, args) -> Engine:
         decode_graphs=graphs, compile_cache_dir=args.compile_cache_dir))
 
 
-def run_once(engine: Engine, prompts, params) -> dict:
+def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, list]]:
+    """The prompts (and their params) in consecutive batches of `batch_size`."""
+    return [(prompts[i:i + batch_size], params[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
+
+
+def run_once(engine: Engine, batches: list[tuple[list, list]]) -> dict:
+    """Decode the batches one after another; totals over all of them."""
     start = time.perf_counter()
-    gens = engine.generate(prompts, params)
+    gens = [g for prompts, params in batches for g in engine.generate(prompts, params)]
     wall = time.perf_counter() - start
     tokens = sum(len(g.token_ids) for g in gens)
     drafted = sum(g.num_drafted for g in gens)
@@ -147,7 +159,9 @@ def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = ModelBundle.from_dir(args.model)
-    requests = {b: speech_requests(bundle, b, args.temperature, args.max_tokens) for b in args.batch_sizes}
+    prompts, params = speech_requests(bundle, args.utterances or max(args.batch_sizes), args.temperature,
+                                      args.max_tokens)
+    requests = {b: batched(prompts, params, b) for b in args.batch_sizes}
     engines, start_up = {}, {}
     for graphs in args.graphs:
         for rule in args.rules:
@@ -162,7 +176,7 @@ def run(args) -> dict:
     for r in range(args.repeats):
         for b in args.batch_sizes:
             for (graphs, rule), engine in engines.items():
-                res = run_once(engine, *requests[b])
+                res = run_once(engine, requests[b])
                 runs.setdefault((graphs, rule, b), []).append(res)
                 print(f"repeat {r + 1}/{args.repeats} batch {b} {graphs}/{rule}: "
                       f"{res['tokens_per_s']:.0f} tok/s", flush=True)
@@ -196,8 +210,8 @@ def run(args) -> dict:
     return {"command": "pcgtts bench step " + " ".join(sys.argv[sys.argv.index("step") + 1:])
             if "step" in sys.argv else " ".join(sys.argv),
             "machine": machine(), "gamma": args.gamma, "temperature": args.temperature,
-            "max_tokens": args.max_tokens, "repeats": args.repeats, "start_up": start_up,
-            "forward_costs": costs, "rows": rows}
+            "max_tokens": args.max_tokens, "utterances": len(prompts), "repeats": args.repeats,
+            "start_up": start_up, "forward_costs": costs, "rows": rows}
 
 
 def markdown(result: dict) -> str:
@@ -205,7 +219,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Decode speed: target-only vs exact SD vs PCG (`{result['command']}`)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} "
              f"thread(s); native bf16: {m['native_bf16']}; CUDA: {m['cuda']}. γ={result['gamma']}, "
-             f"T={result['temperature']}, medians of {result['repeats']} round-robin repeats.", "",
+             f"T={result['temperature']}, medians of {result['repeats']} round-robin repeats; every batch "
+             f"size decodes the same {result['utterances']} utterances, in batches of its size.", "",
              "| graphs | batch | rule | tokens/s | speed-up | α | tokens/step | Leviathan bound | share |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
