@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "(resumable)")
     demo.add_argument("--draft-init", type=Path, default=None,
                       help="start the draft from this wider draft (e.g. models/demo-en/draft), projected to "
-                           "--draft-shape's width, instead of from the target")
+                           "--draft-shape's width and, where it gives HEADSxFFN, pruned to them, instead of "
+                           "from the target")
     demo.add_argument("--draft-lr", type=float, default=defaults.draft_lr, help="draft peak learning rate")
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)

@@ -33,12 +33,14 @@ CHECKPOINT_STEPS = 100
 
 @dataclass(frozen=True)
 class DraftShape:
-    """A draft narrower than its target; `hidden` = None keeps the target's width (and copies its weights)."""
+    """A draft narrower than its target; `hidden` = None keeps the target's width (and copies its weights).
+    `heads` / `intermediate` None: a fresh draft gets 2 heads and FFN 344, a draft started from a wider one
+    (`distill(init_from=...)`) keeps the source's; given, the latter is pruned to them (`prune_draft`)."""
 
     layers: int = 1
     hidden: int | None = None
-    heads: int = 2
-    intermediate: int = 344
+    heads: int | None = None
+    intermediate: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> DraftShape:
@@ -68,9 +70,10 @@ def narrow_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> 
     target's residual space), so token identities and their readout start aligned; layers start fresh."""
     torch.manual_seed(seed)
     cfg = target.config.__class__(**target.config.to_dict())
+    heads = shape.heads or 2
     cfg.num_hidden_layers, cfg.hidden_size = shape.layers, shape.hidden
-    cfg.num_attention_heads = cfg.num_key_value_heads = shape.heads
-    cfg.head_dim, cfg.intermediate_size = shape.hidden // shape.heads, shape.intermediate
+    cfg.num_attention_heads = cfg.num_key_value_heads = heads
+    cfg.head_dim, cfg.intermediate_size = shape.hidden // heads, shape.intermediate or 344
     draft = LlamaForCausalLM(cfg)
     emb = target.model.embed_tokens.weight.float()  # [V, D]
     head = target.lm_head.weight.float() * target.model.norm.weight.float()  # [V, D]
@@ -115,6 +118,42 @@ def project_draft(source: LlamaForCausalLM, hidden: int, input_ids: torch.Tensor
     return draft
 
 
+@torch.no_grad()
+def prune_draft(source: LlamaForCausalLM, heads: int | None, intermediate: int | None) -> LlamaForCausalLM:
+    """A copy of `source` keeping, in every layer, the `heads` attention heads and `intermediate` FFN units
+    that carry the most weight: a head by |W_v rows| x |W_o columns| (what it can write into the stream), a
+    unit by |gate row| x |up row| x |down column|. None keeps them all. Units with zero weight are dropped
+    first, so pruning them away leaves the function unchanged. Multi-head attention only (as the recipe's
+    drafts are)."""
+    cfg = source.config.__class__(**source.config.to_dict())
+    if cfg.num_key_value_heads != cfg.num_attention_heads:
+        raise ValueError("prune_draft handles multi-head attention only (num_key_value_heads == num_heads)")
+    head_dim = cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads
+    cfg.num_attention_heads = cfg.num_key_value_heads = heads or cfg.num_attention_heads
+    cfg.intermediate_size = intermediate or cfg.intermediate_size
+    cfg.head_dim = head_dim
+    draft = LlamaForCausalLM(cfg)
+    state = {k: v.clone() for k, v in source.state_dict().items()}
+    for i, layer in enumerate(source.model.layers):
+        attn, mlp, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
+        v_rows = attn.v_proj.weight.view(-1, head_dim, attn.v_proj.weight.shape[1])  # [H, D, d]
+        o_cols = attn.o_proj.weight.view(attn.o_proj.weight.shape[0], -1, head_dim)  # [d, H, D]
+        head_mass = v_rows.flatten(1).norm(dim=1) * o_cols.transpose(0, 1).flatten(1).norm(dim=1)  # [H]
+        kept_heads = head_mass.topk(cfg.num_attention_heads).indices.sort().values
+        rows = (kept_heads[:, None] * head_dim + torch.arange(head_dim)).flatten()  # [H' D]
+        unit_mass = (mlp.gate_proj.weight.norm(dim=1) * mlp.up_proj.weight.norm(dim=1)
+                     * mlp.down_proj.weight.norm(dim=0))  # [I]
+        units = unit_mass.topk(cfg.intermediate_size).indices.sort().values
+        for name in ("q_proj", "k_proj", "v_proj"):
+            state[p + f"self_attn.{name}.weight"] = state[p + f"self_attn.{name}.weight"][rows]
+        state[p + "self_attn.o_proj.weight"] = state[p + "self_attn.o_proj.weight"][:, rows]
+        for name in ("gate_proj", "up_proj"):
+            state[p + f"mlp.{name}.weight"] = state[p + f"mlp.{name}.weight"][units]
+        state[p + "mlp.down_proj.weight"] = state[p + "mlp.down_proj.weight"][:, units]
+    draft.load_state_dict(state)
+    return draft
+
+
 def make_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> LlamaForCausalLM:
     if shape.hidden is None:
         return draft_from_target(target, shape.layers)
@@ -126,14 +165,16 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
             seed: int = 1, time_budget_min: float | None = None,
             init_from: LlamaForCausalLM | None = None) -> LlamaForCausalLM:
     """init_from: a wider draft of the same target to start from, projected to `shape.hidden`
-    (`project_draft`; its own heads and FFN are kept), instead of `make_draft`'s initialisation."""
+    (`project_draft`) and pruned to `shape.heads` / `shape.intermediate` where given (`prune_draft`),
+    instead of `make_draft`'s initialisation."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     target.eval()
     plan = BatchPlan(utts, batch_size, seed)  # a different order from the target's (seed differs)
     if init_from is not None:
         probe = make_batch(vocab, utts, BatchPlan(utts, batch_size, seed + 7), 0)["input_ids"]
-        draft = project_draft(init_from.float().eval(), shape.hidden, probe).train()
+        draft = project_draft(init_from.float().eval(), shape.hidden, probe)
+        draft = prune_draft(draft, shape.heads, shape.intermediate).train()
     else:
         draft = make_draft(target, shape, seed).train()
     optim = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)

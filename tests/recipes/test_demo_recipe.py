@@ -9,7 +9,14 @@ import torch
 from engine.speech.demo.layout import END, SPEECH, DemoVocab, prompt_tokens
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, example, make_batch
 from recipes.demo.text_corpus import MAX_WORDS, MIN_WORDS, _clean, _pieces
-from recipes.demo.train_draft import DraftShape, distill, draft_from_target, narrow_draft, project_draft
+from recipes.demo.train_draft import (
+    DraftShape,
+    distill,
+    draft_from_target,
+    narrow_draft,
+    project_draft,
+    prune_draft,
+)
 from recipes.demo.train_lm import ModelSize, TrainConfig
 
 VOCAB = DemoVocab(phonemes=tuple(f"p{i}" for i in range(10)), codebook_size=32)
@@ -133,6 +140,34 @@ def test_projected_draft_at_full_width_is_the_source_and_narrower_stays_close():
         kl_fresh = torch.nn.functional.kl_div(fresh(ids).logits.log_softmax(-1), ref.log_softmax(-1),
                                               log_target=True, reduction="batchmean")
     assert kl_narrow < kl_fresh
+
+
+def test_pruned_draft_drops_the_heads_and_units_without_weight_and_keeps_the_function():
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    size = ModelSize(layers=2, hidden=32, heads=4, intermediate=64)
+    source = LlamaForCausalLM(size.config(VOCAB.vocab_size))
+    dead_heads, dead_units = [0, 2], torch.randperm(64, generator=torch.Generator().manual_seed(3))[:24]
+    with torch.no_grad():
+        for layer in source.model.layers:
+            for h in dead_heads:  # a head that writes nothing into the stream
+                layer.self_attn.v_proj.weight[h * 8:(h + 1) * 8] = 0.0
+            layer.mlp.down_proj.weight[:, dead_units] = 0.0  # units that write nothing
+    ids = torch.randint(0, VOCAB.vocab_size, (3, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = source(ids).logits
+        pruned = prune_draft(source, heads=2, intermediate=40)
+        assert (pruned.config.num_attention_heads, pruned.config.num_key_value_heads) == (2, 2)
+        assert pruned.config.intermediate_size == 40 and pruned.config.head_dim == 8
+        assert torch.allclose(pruned(ids).logits, ref, atol=1e-5)
+        kept = prune_draft(source, heads=None, intermediate=None)
+        assert torch.equal(kept(ids).logits, ref)
+        # dropping a head that does write changes the function
+        assert not torch.allclose(prune_draft(source, heads=1, intermediate=None)(ids).logits, ref, atol=1e-3)
+    gqa = LlamaForCausalLM(source.config.__class__(**{**source.config.to_dict(), "num_key_value_heads": 2}))
+    with pytest.raises(ValueError, match="multi-head"):
+        prune_draft(gqa, heads=2, intermediate=None)
 
 
 def test_draft_shape_parses_and_rejects():
