@@ -117,6 +117,12 @@ class CompiledForward(CapturedForward):
         # B, M and T are independent sizes: "duck sizing" would tie equal ones together and recompile
         # later when they differ.
         fx_config.use_duck_shape = False
+        # Only the sizes marked dynamic below vary. Target and draft run the same forward code with
+        # weights of other shapes: with automatic dynamic shapes the second model's differing sizes (heads,
+        # widths) would turn symbolic, giving slower code, and a head count compared to another symbolic
+        # size would no longer be a plain bool (SDPA's enable_gqa refuses it). Each model gets its own
+        # static graph instead.
+        torch._dynamo.config.automatic_dynamic_shapes = False
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         # inductor reads its cache location from the environment (process-wide): an explicit cache_dir
         # wins, then the user's TORCHINDUCTOR_CACHE_DIR, then ours

@@ -72,3 +72,22 @@ def test_captured_forward_matches_eager_logits_and_cache(engines):
         assert not torch.equal(g, b)  # the new K/V were written, in place, by the graph
     for st in states:
         st.release(runner.blocks)
+
+
+def test_captured_speculative_engine_with_a_draft_of_other_head_counts(tmp_path):
+    """Target and draft share the forward code but not their shapes (4 query / 2 KV heads against 2 / 2,
+    other widths): each gets graphs of its own, built at start-up, and greedy speculative decoding gives
+    the eager engine's tokens."""
+    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=5)
+    draft = save_tiny_llama(tmp_path / "draft", vocab=256, hidden=32, layers=1, heads=2, kv_heads=2,
+                            intermediate=48, seed=6)
+    common = dict(draft=draft, num_speculative_tokens=3, block_size=8, dtype="float32")
+    eager = Engine(engine_config(target, **common))
+    captured = Engine(engine_config(target, **common, decode_graphs=MODE,
+                                    compile_cache_dir=tmp_path / "inductor"))
+    assert captured.draft.captured is not None and captured.target.captured is not None
+    for batch in (prompts(4, seed=7), prompts(1, seed=8)):
+        want = [g.token_ids for g in eager.generate(batch, GREEDY)]
+        got = captured.generate(batch, GREEDY)
+        assert [g.token_ids for g in got] == want
+        assert all(g.num_drafted > 0 for g in got)  # the draft's graphs proposed, the target's verified
