@@ -138,13 +138,13 @@ class PCGRule(AcceptanceRule):
         diffs[:, :g] -= draft_probs
         emit_row = self._row_starts(b, g + 1, diffs.device) + num_accepted  # [B] into [B (γ+1)]
         residual = table.coarse(diffs.view(-1, table.vocab_size).index_select(0, emit_row)).clamp_(min=0.0)
+        q_emit = target_probs.view(-1, table.vocab_size).index_select(0, emit_row)  # [B, V] q at emission
         totals = residual.sum(-1)
         if float(totals.min()) <= 0:  # P_c == Q_c up to rounding (rejection had probability ~0): use Q_c
             empty = totals <= 0
-            residual[empty] = table.coarse(rows_at(target_probs, num_accepted)[empty])
+            residual[empty] = table.coarse(q_emit[empty])
         group = sample_rows(residual, generator, u=u_emit)  # [B]
         members = members_pad[group]  # [B, Gmax]
-        q_emit = target_probs.view(-1, table.vocab_size).index_select(0, emit_row)  # [B, V]
         weights = torch.gather(q_emit, 1, members).double() * weights_pad[group]
         last_token = torch.gather(members, 1, sample_rows(weights, generator)[:, None])[:, 0]
         return assemble(draft_tokens, num_accepted, last_token,
