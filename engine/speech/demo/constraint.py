@@ -76,14 +76,23 @@ class MarkerMergeConstraint(DecodeConstraint):
 
     def _positions(self, histories: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
         """position() of each history. The engine passes one request's committed output plus 0..k of its
-        drafts, so every history extends the shortest, and that one extends an earlier call's."""
-        base = list(min(histories, key=len))
-        known = max((m for m in self._memo if len(m[0]) <= len(base) and base[:len(m[0])] == m[0]),
-                    key=lambda m: len(m[0]), default=([], 0, 0))
-        spoken, run = self._scan(base, len(known[0]), known[1], known[2])
-        self._memo = [*self._memo[-3:], (base, spoken, run)]
+        drafts, so every history extends the shortest, and that one extends an earlier call's (within a
+        step, every call has the same shortest history: the last call's)."""
+        histories = [h if isinstance(h, list) else list(h) for h in histories]
+        base = min(histories, key=len)
         n = len(base)
-        return [self._scan(h, n, spoken, run) if list(h[:n]) == base else self.position(h) for h in histories]
+        known: tuple[list[int], int, int] = ([], 0, 0)
+        for memo in reversed(self._memo):  # newest first: the last call's base is the usual match
+            size = len(memo[0])
+            if len(known[0]) < size <= n and (base == memo[0] if size == n else base[:size] == memo[0]):
+                known = memo
+                if size == n:
+                    break
+        spoken, run = self._scan(base, len(known[0]), known[1], known[2])
+        if len(known[0]) < n:
+            self._memo = [*self._memo[-3:], (list(base), spoken, run)]
+        return [(spoken, run) if h is base else self._scan(h, n, spoken, run) if h[:n] == base
+                else self.position(h) for h in histories]
 
     def next_marker(self, history: Sequence[int]) -> int:
         return self.expected[min(self.position(history)[0], len(self.expected) - 1)]
@@ -137,13 +146,14 @@ class MarkerMergeConstraint(DecodeConstraint):
         merge_cols, closed = first._masks(logits.device)
         neg_inf = torch.finfo(logits.dtype).min
         # over the marker columns only (M of V): the same sum as masking the rest to -inf, at M/V the cost
-        merged = torch.logsumexp(flat.index_select(1, merge_cols), dim=-1).to(flat.dtype)  # [R P]
-        out = flat.masked_fill(closed, neg_inf)
-        if any(forced):
-            forced_rows = [i for i, f in enumerate(forced) if f]
-            out[forced_rows] = neg_inf
-            merged[forced_rows] = 0.0
-        if any(held):
-            merged[[i for i, x in enumerate(held) if x]] = neg_inf
-        out[torch.arange(r * p, device=logits.device), torch.tensor(targets, device=logits.device)] = merged
+        merged = torch.logsumexp(flat.index_select(1, merge_cols), dim=-1, keepdim=True).to(flat.dtype)
+        if any(forced) or any(held):  # rare (a phoneme at its cap or under its minimum): two more masks
+            forced_rows = torch.tensor(forced, device=logits.device)[:, None]  # Bool[R P, 1]
+            out = flat.masked_fill(closed | forced_rows, neg_inf)
+            held_rows = torch.tensor(held, device=logits.device)[:, None]
+            merged = merged.masked_fill(forced_rows, 0.0).masked_fill_(held_rows, neg_inf)
+        else:
+            out = flat.masked_fill(closed, neg_inf)
+        # the merged mass onto each position's expected marker: [R P, V]
+        out.scatter_(1, torch.tensor(targets, device=logits.device)[:, None], merged)
         return out.view(r, p, v)
