@@ -41,7 +41,8 @@ class MirrorBatch:
     write_slots: torch.Tensor  # Long[B*T] flat index into a layer's [allocated rows * (capacity + 1)]
     rows: torch.Tensor | None  # Long[B] mirror row of each batch row; None when it is 0..B-1 = span
     span: int
-    mask: torch.Tensor | None  # Bool[span, 1, T, ctx] when rows is not None (holes see key 0 only)
+    # [span, 1, T, ctx], bool or additive like PagedBatch.mask, when rows is not None (holes see key 0 only)
+    mask: torch.Tensor | None
 
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """New k/v [B, T, H_kv, D] of layer i into their mirror positions (padding: the scratch column)."""
@@ -104,7 +105,8 @@ class KVMirror:
         """Give every row of this forward its mirror row (gathering joiners from the pool via `tables`
         Long[B, M]) and return the forward's write index and attention layout; None when the mirror would
         exceed `max_bytes` (the forward gathers instead). positions / valid: its [B][T] query positions and
-        which of them are real tokens; mask: its attention mask Bool[B, 1, T, ctx] (PagedBatch.mask)."""
+        which of them are real tokens; mask: its attention mask [B, 1, T, ctx] (PagedBatch.mask, bool or
+        additive)."""
         self.forwards += 1
         starts, ends = [], []
         for pos, ok in zip(positions, valid, strict=True):
@@ -135,8 +137,10 @@ class KVMirror:
         if rows == list(range(span)):
             return MirrorBatch(self, write_slots, None, span, None)
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        spread_mask = mask.new_zeros((span, *mask.shape[1:]))  # [span, 1, T, ctx]
-        spread_mask[..., 0] = True  # a hole's dummy query sees one key, so its (dropped) softmax stays finite
+        additive = mask.dtype != torch.bool
+        spread_mask = mask.new_full((span, *mask.shape[1:]), float("-inf") if additive else False)
+        # a hole's dummy query sees one key, so its (dropped) softmax stays finite
+        spread_mask[..., 0] = 0.0 if additive else True
         spread_mask.index_copy_(0, index, mask)
         return MirrorBatch(self, write_slots, index, span, spread_mask)
 

@@ -34,6 +34,8 @@ class ModelRunner:
         self.blocks = BlockAllocator(num_blocks, block_size)
         self.cache = KVCache(model.cfg, num_blocks, block_size, model.device, model.dtype)
         self.backend = backend
+        # an additive attention mask where the CPU attention kernel would otherwise convert a bool one
+        self.mask_dtype = model.dtype if self.device.type == "cpu" and backend.name == "sdpa" else torch.bool
         self.decode_graphs = resolve_mode(decode_graphs, self.device)
         self.captured: CapturedForward | None = None
         if decode_tokens:
@@ -58,7 +60,8 @@ class ModelRunner:
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                  tables: torch.Tensor) -> torch.Tensor:
         """The whole forward from tensors only (what graphs capture)."""
-        meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block)
+        meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block,
+                                 self.mask_dtype)
         return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
@@ -72,7 +75,8 @@ class ModelRunner:
             return self.captured(input_ids, positions, valid, tables)
         with torch.inference_mode():
             if meta is None:
-                meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block)
+                meta = build_paged_batch(positions, valid, tables, self.block_size,
+                                         self.cache.scratch_block, self.mask_dtype)
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
             elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:
@@ -92,7 +96,7 @@ class ModelRunner:
             return None
         b, j = positions.shape
         meta = build_paged_batch(positions, torch.ones_like(positions, dtype=torch.bool), tables,
-                                 self.block_size, self.cache.scratch_block)
+                                 self.block_size, self.cache.scratch_block, self.mask_dtype)
         slots = meta.slot_mapping.view(b, j)
         return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],
                         mask=meta.mask[:, :, c:c + 1]) for c in range(j)]

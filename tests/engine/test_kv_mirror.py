@@ -24,12 +24,14 @@ def pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("mirror"), seed=61)
 
 
-def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_releases():
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.float32])
+def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_releases(mask_dtype):
     """Random batches over a shared pool: after every prepare + write, each row's mirrored positions hold
     exactly the pool's K/V (what gather_blocks would have read), padding never lands in a row, and
     attention over the mirror's rows (holes included) gives every real query the gather path's output bit
     for bit. One batch in eight writes the pool around the mirror and empties it (what a forward without
-    `states` does): every row must then be gathered again."""
+    `states` does): every row must then be gathered again. With a bool and with an additive mask (the
+    runners' CPU default); the additive mask's attention equals the bool mask's to float rounding."""
     rng = random.Random(3)
     bs, h, d, layers = 4, 2, 8, 2
     pool = BlockAllocator(num_blocks=200, block_size=bs)
@@ -55,7 +57,7 @@ def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_
                                   for st, p in zip(batch, pad, strict=True)])
         # (padding sits at positions below the row's first real token: the mirror must not write them)
         valid = torch.tensor([[j >= p for j in range(t)] for p in pad])
-        meta = build_paged_batch(positions, valid, tables, bs, 200)
+        meta = build_paged_batch(positions, valid, tables, bs, 200, mask_dtype)
         around = rng.random() < 0.125
         if around:
             mirror.clear()
@@ -66,6 +68,10 @@ def test_mirror_rows_equal_the_pool_through_joins_leaves_reorders_rollbacks_and_
             q = torch.randn(len(batch), t, 2 * h, d)
             k, v = torch.randn(len(batch), t, h, d), torch.randn(len(batch), t, h, d)
             gathered = backend.attend(q, k, v, keys[i], values[i], meta, i)  # writes the pool: [B, T, 2h d]
+            if mask_dtype != torch.bool:
+                bool_mask = replace(meta, mask=build_paged_batch(positions, valid, tables, bs, 200).mask)
+                by_bool = backend.attend(q, k, v, keys[i], values[i], bool_mask, i)
+                torch.testing.assert_close(gathered[valid], by_bool[valid], rtol=1e-5, atol=1e-6)
             if around:
                 continue
             out = backend.attend(q, k, v, keys[i], values[i], replace(meta, mirror=mb), i)
