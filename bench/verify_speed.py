@@ -2,6 +2,7 @@
 
     python -m bench.verify_speed [--reps 15] [--out bench/results]        # verify vs forward (~2-4 min)
     python -m bench.verify_speed --build [--dim 2048]                     # 65,536 x 2,048 ASG build (minutes)
+    python -m bench.verify_speed --model models/demo-en                   # the bundle's own steps (~1 min)
 
 Verify: B in {1, 16, 64}, γ = 3, V = 65,536 (X-codec2), rules exact / pcg (ASG tables of mean group size ~10
 and ~140) / ssd / topk / lantern, plus V = 193,800 (Llasa's full vocabulary, speech tokens a subrange).
@@ -14,7 +15,8 @@ Forward: one target verify step of a Llama-3.2-1B-shaped model (d = 2,048, 32 he
 layers are timed and scaled to 16; the LM head (2,048 x 193,800) is timed once and added.
 
 Timings are medians over repeats measured in the same process; results go to OUT/verify_speed.json (and
-OUT/asg_build.json with --build).
+OUT/asg_build.json with --build). With --model: every rule on the bundle's own decode steps
+(bench/bundle_verify.py), OUT/verify_bundle.json.
 """
 
 from __future__ import annotations
@@ -252,8 +254,7 @@ def build_child(dim: int, mean_size: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--build", action="store_true", help="time the 65,536 x D ASG build instead")
@@ -266,10 +267,27 @@ def main(argv: list[str] | None = None) -> int:
         help="torch threads for every timing (default 1: on a shared 2-core box multi-threaded small "
         "ops stall on busy siblings; verify and forward always use the same setting)",
     )
+    ap.add_argument("--model", type=Path, default=None,
+                    help="time every rule on this bundle's own decode steps instead (speech prompts)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6], help="with --model")
+    ap.add_argument("--utterances", type=int, default=6, help="with --model: prompts decoded per batch size")
+    ap.add_argument("--max-tokens", type=int, default=300, help="with --model")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+
+
+def main(args: argparse.Namespace | list[str] | None = None) -> int:
+    """args: parsed by `pcgtts bench verify`, or a command line (None: sys.argv) for `python -m`."""
+    if not isinstance(args, argparse.Namespace):
+        ap = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_arguments(ap)
+        args = ap.parse_args(args)
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.model is not None:
+        from bench import bundle_verify
+
+        return bundle_verify.main(args)
 
     if args.child:
         print(json.dumps(build_child(args.dim, args.mean_size)))
@@ -298,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "cpu": platform.processor(),
         "load_average_before": list(os.getloadavg()),
-        "command": " ".join(["python -m bench.verify_speed", *(sys.argv[1:] if argv is None else argv)]),
+        "command": f"pcgtts bench verify --reps {args.reps} --threads {args.threads}",
     }
     print(f"building synthetic ASG tables (V = {SPEECH_V}) ...", flush=True)
     t10, t140 = synthetic_table(10), synthetic_table(140)

@@ -1,0 +1,116 @@
+"""What verify costs on the embedded model's own decode steps, rule by rule.
+
+    pcgtts bench verify --model models/demo-en [--batch-sizes 1 6] [--utterances 6] [--reps 15]
+
+verify_speed's main timings use synthetic distributions over Llasa-sized vocabularies; this one times what
+the bundle's engine actually verifies. An engine (exact SD, eager) decodes the speech prompts with the decode
+constraint on, at each batch size, and keeps every speculative step's (draft tokens [B, γ], draft probs
+[B, γ, V], target probs [B, γ+1, V]). Each rule then verifies all kept steps of a batch size; the rules take
+turns within every repeat (so the machine's drift hits all alike), and the result is the median over
+repeats of the mean time per verify call, with its ratio to exact's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from asg_tables import ASGTable
+from bench.step_speed import batched, build_engine, machine, speech_requests
+from engine import Engine
+from engine.acceptance import AcceptanceRule, make_rule
+from tts.bundle import ModelBundle
+
+Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft probs, target probs
+
+
+def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
+    """The rules `bench acceptance --quick` runs, PCG with the bundle's own table."""
+    rules = {"exact": make_rule("exact"), "ssd β=0.2": make_rule("ssd", bias=0.2),
+             "top-k k=3": make_rule("topk", k=3)}
+    if bundle.asg_table is not None:
+        table = ASGTable.load(bundle.asg_table)
+        name = table.meta.get("name") or f"θ={float(table.meta['theta']):g}"
+        rules[f"pcg {name}"] = make_rule("pcg", table=table)
+    return rules
+
+
+def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) -> list[Step]:
+    """Decode the prompts in batches of `batch_size`; the inputs of every speculative step verified at the
+    engine's full γ (copies)."""
+    decoder = engine.decoder
+    kept: list[Step] = []
+    original = decoder._verify
+
+    def recording(seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
+        if all(g == decoder.gamma for g in row_gammas):
+            kept.append((drafts.clone(), draft_probs.clone(), target_probs.clone()))
+        return original(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
+
+    decoder._verify = recording
+    try:
+        for batch_prompts, batch_params in batched(prompts, params, batch_size):
+            engine.generate(batch_prompts, batch_params)
+    finally:
+        del decoder._verify  # the class's method again
+    return kept
+
+
+def time_rules(rules: dict[str, AcceptanceRule], steps: list[Step], repeats: int) -> dict[str, dict]:
+    """Per rule: microseconds per verify call (median over repeats of the mean over `steps`), per-repeat
+    values and the ratio of the median to exact's."""
+    runs: dict[str, list[float]] = {name: [] for name in rules}
+    for repeat in range(repeats + 1):  # the first round warms up and is not kept
+        for name, rule in rules.items():
+            generator = torch.Generator().manual_seed(repeat)
+            start = time.perf_counter()
+            for drafts, draft_probs, target_probs in steps:
+                rule.verify(drafts, draft_probs, target_probs, generator)
+            if repeat:
+                runs[name].append(1e6 * (time.perf_counter() - start) / len(steps))
+    exact = statistics.median(runs["exact"])
+    return {name: {"us_per_verify": round(statistics.median(values), 1), "x_exact":
+                   round(statistics.median(values) / exact, 3), "runs": [round(v, 1) for v in values]}
+            for name, values in runs.items()}
+
+
+def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int, gamma: int = 3,
+        temperature: float = 0.8) -> dict:
+    bundle = ModelBundle.from_dir(model)
+    engine = build_engine(bundle, "exact", "eager", argparse.Namespace(
+        gamma=gamma, device="cpu", dtype="auto", compile_cache_dir=None))
+    prompts, params = speech_requests(bundle, utterances, temperature, max_tokens)
+    rules = bundle_rules(bundle)
+    rows = []
+    for batch_size in batch_sizes:
+        steps = capture_steps(engine, prompts, params, batch_size)
+        for name, timing in time_rules(rules, steps, repeats).items():
+            rows.append({"batch": batch_size, "rule": name, "steps": len(steps), **timing})
+    return {"machine": machine(), "gamma": gamma, "temperature": temperature, "utterances": utterances,
+            "max_tokens": max_tokens, "repeats": repeats, "vocab_size": engine.target.model.cfg.vocab_size,
+            "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| batch | rule | µs per verify (median) | x exact | verify calls timed |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['batch']} | {r['rule']} | {r['us_per_verify']:.0f} | {r['x_exact']:.2f}x "
+              f"| {r['steps']} |" for r in result["rows"]]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """verify_speed's `--model` mode: writes OUT/verify_bundle.json and prints the table."""
+    result = run(args.model, args.batch_sizes, args.utterances, args.max_tokens, args.reps)
+    result["command"] = (f"pcgtts bench verify --model {args.model} --batch-sizes "
+                         f"{' '.join(map(str, args.batch_sizes))} --utterances {args.utterances} "
+                         f"--max-tokens {args.max_tokens} --reps {args.reps} --threads {args.threads}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "verify_bundle.json").write_text(json.dumps(result, indent=1))
+    print(markdown(result))
+    return 0
