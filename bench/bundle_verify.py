@@ -40,6 +40,12 @@ def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
     return rules
 
 
+def exact_engine(bundle: ModelBundle, gamma: int = 3) -> Engine:
+    """The engine whose steps are captured: exact SD, eager, on CPU."""
+    return build_engine(bundle, "exact", "eager", argparse.Namespace(
+        gamma=gamma, device="cpu", dtype="auto", compile_cache_dir=None))
+
+
 def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) -> list[Step]:
     """Decode the prompts in batches of `batch_size`; the inputs of every speculative step verified at the
     engine's full γ (copies)."""
@@ -82,8 +88,7 @@ def time_rules(rules: dict[str, AcceptanceRule], steps: list[Step], repeats: int
 def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int, gamma: int = 3,
         temperature: float = 0.8) -> dict:
     bundle = ModelBundle.from_dir(model)
-    engine = build_engine(bundle, "exact", "eager", argparse.Namespace(
-        gamma=gamma, device="cpu", dtype="auto", compile_cache_dir=None))
+    engine = exact_engine(bundle, gamma)
     prompts, params = speech_requests(bundle, utterances, temperature, max_tokens)
     rules = bundle_rules(bundle)
     rows = []

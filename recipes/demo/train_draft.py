@@ -29,13 +29,16 @@ from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches
 from recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 CHECKPOINT_STEPS = 100
+# a fresh narrow draft's attention heads and FFN width when its DraftShape leaves them open
+FRESH_HEADS, FRESH_INTERMEDIATE = 2, 344
 
 
 @dataclass(frozen=True)
 class DraftShape:
     """A draft narrower than its target; `hidden` = None keeps the target's width (and copies its weights).
-    `heads` / `intermediate` None: a fresh draft gets 2 heads and FFN 344, a draft started from a wider one
-    (`distill(init_from=...)`) keeps the source's; given, the latter is pruned to them (`prune_draft`)."""
+    `heads` / `intermediate` None: a fresh draft gets FRESH_HEADS and FRESH_INTERMEDIATE, a draft started
+    from a wider one (`distill(init_from=...)`) keeps the source's; given, the latter is pruned to them
+    (`prune_draft`)."""
 
     layers: int = 1
     hidden: int | None = None
@@ -70,10 +73,10 @@ def narrow_draft(target: LlamaForCausalLM, shape: DraftShape, seed: int = 0) -> 
     target's residual space), so token identities and their readout start aligned; layers start fresh."""
     torch.manual_seed(seed)
     cfg = target.config.__class__(**target.config.to_dict())
-    heads = shape.heads or 2
+    heads = shape.heads or FRESH_HEADS
     cfg.num_hidden_layers, cfg.hidden_size = shape.layers, shape.hidden
     cfg.num_attention_heads = cfg.num_key_value_heads = heads
-    cfg.head_dim, cfg.intermediate_size = shape.hidden // heads, shape.intermediate or 344
+    cfg.head_dim, cfg.intermediate_size = shape.hidden // heads, shape.intermediate or FRESH_INTERMEDIATE
     draft = LlamaForCausalLM(cfg)
     emb = target.model.embed_tokens.weight.float()  # [V, D]
     head = target.lm_head.weight.float() * target.model.norm.weight.float()  # [V, D]

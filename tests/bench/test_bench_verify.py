@@ -7,8 +7,8 @@ import json
 import torch
 from server_support import build_tiny_bundle
 
-from bench.bundle_verify import capture_steps
-from bench.step_speed import build_engine, speech_requests
+from bench.bundle_verify import capture_steps, exact_engine
+from bench.step_speed import speech_requests
 from pcgtts.cli import main as pcgtts_main
 from tts.bundle import ModelBundle
 
@@ -18,7 +18,7 @@ def test_captured_steps_are_the_engines_verify_inputs(tmp_path):
     batch size, the draft tokens drawn where the draft put probability; the engine's own verify still
     runs (the decode completes) and the recorder is gone afterwards."""
     bundle = ModelBundle.from_dir(build_tiny_bundle(tmp_path / "bundle"))
-    engine = build_engine(bundle, "exact", "eager", _engine_args())
+    engine = exact_engine(bundle)
     prompts, params = speech_requests(bundle, 2, 0.8, 24)
     steps = capture_steps(engine, prompts, params, batch_size=2)
     assert steps and "_verify" not in vars(engine.decoder)
@@ -47,8 +47,3 @@ def test_verify_bench_times_every_rule_against_exact(tmp_path):
             assert r["x_exact"] == 1.0
     assert result["command"].startswith("pcgtts bench verify --model")
 
-
-def _engine_args():
-    import argparse
-
-    return argparse.Namespace(gamma=3, device="cpu", dtype="auto", compile_cache_dir=None)
