@@ -27,7 +27,8 @@ from engine.faults import isolate_faults, snapshot
 from engine.metrics import Counters, EngineMetrics
 from engine.model.captured import resolve_mode
 from engine.model.config import LlamaConfig
-from engine.model.loader import load_llama, resolve_dtype
+from engine.model.feature_head import is_feature_head, load_feature_head
+from engine.model.loader import few_op_forms, load_llama, resolve_dtype
 from engine.model_runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence as Seq
@@ -68,13 +69,15 @@ class Engine:
         self.decode_graphs = resolve_mode(config.decode_graphs, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device, compiled=self.decode_graphs == "compile")
         self.target_config = LlamaConfig.from_dir(config.target)
-        draft_config = LlamaConfig.from_dir(config.draft) if config.draft else None
+        # the draft: a feature head over the target's hidden state (no KV cache), or a small Llama
+        head_draft = bool(config.draft) and is_feature_head(config.draft)
+        draft_config = LlamaConfig.from_dir(config.draft) if config.draft and not head_draft else None
         if draft_config is not None and draft_config.vocab_size != self.target_config.vocab_size:
             raise ValueError(f"draft vocabulary {draft_config.vocab_size} != target "
                              f"{self.target_config.vocab_size}")
-        self.gamma = config.num_speculative_tokens if draft_config is not None else 0
+        self.gamma = config.num_speculative_tokens if draft_config is not None or head_draft else 0
         if self.gamma == 0:
-            draft_config = None
+            draft_config, head_draft = None, False
 
         block_size = config.block_size
         num_blocks = self._num_blocks(draft_config)
@@ -93,7 +96,10 @@ class Engine:
         compiled = self.decode_graphs != "eager"
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions, compiled),
                                   num_blocks, block_size, backend, decode_tokens=target_tokens, **graphs)
-        self.draft = None
+        self.draft, self.head = None, None
+        if head_draft:
+            self.head = load_feature_head(config.draft, self.target.model,
+                                          few_op_forms(self.device, self.dtype, compiled))
         if draft_config is not None:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions, compiled),
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
@@ -108,7 +114,8 @@ class Engine:
         if self.gamma:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator)
+        self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator,
+                                          self.head)
         self.policy = SpeculationPolicy(self.gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,

@@ -29,6 +29,10 @@ class Sequence:
     status: Status = Status.WAITING
     target: SeqBlocks = field(default_factory=SeqBlocks)
     draft: SeqBlocks = field(default_factory=SeqBlocks)
+    # feature-head drafts: the target's hidden state [d] that produced the last token, valid while the
+    # sequence holds draft_state_at tokens (engine/spec_decode.py)
+    draft_state: torch.Tensor | None = None
+    draft_state_at: int = -1
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_drafted: int = 0
     num_accepted: int = 0

@@ -1,15 +1,24 @@
 """One decoding step for a batch of running sequences: speculative (draft + verify) or target-only.
 
-Cache invariant between steps: the target holds K/V of all tokens but the last; the draft holds at least
-all but the last two (one behind after a fully accepted round, whose last draft token it never fed).
+The draft is either a small Llama with its own paged KV cache (`draft`, a ModelRunner) or a feature head
+(`head`, engine/model/feature_head.py) that chains on the target's last hidden state and keeps no cache.
+
+Cache invariant between steps: the target holds K/V of all tokens but the last; a Llama draft holds at least
+all but the last two (one behind after a fully accepted round, whose last draft token it never fed); a
+feature head's row holds the target's hidden state at position n-2 (`Sequence.draft_state`, which produced
+the last token), kept from the previous step's target forward.
 
 A speculative step for B sequences of lengths n_b:
- 1. draft, γ forwards: first the 1-2 tokens it has not cached yet, then each new draft token; every
-    proposal keeps its full processed distribution p (Float[B, γ, V]) and samples x ~ p;
+ 1. draft, γ proposals: a Llama draft first feeds the 1-2 tokens it has not cached yet, then each new draft
+    token; a feature head steps from the kept state with the last token, then with each draft token, and
+    scores through the target's LM head. Every proposal keeps its full processed distribution p
+    (Float[B, γ, V]) and samples x ~ p;
  2. target, one forward over [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1 -> q (Float[B, γ+1, V]);
  3. the acceptance rule decides; emitted = accepted drafts + one recovered/bonus token;
- 4. both caches are rolled back to the positions whose tokens survived.
-γ = 0 (or no draft) scores only the last token with the target and samples from q.
+ 4. both caches are rolled back to the positions whose tokens survived (a head row keeps the target's state
+    at the last surviving position).
+γ = 0 (or no draft) scores only the last token with the target and samples from q. A head row without a
+state for its current length (its first step after the prompt) takes a target-only step, which keeps one.
 Notation as in the PCG paper (and engine.acceptance): p is the draft's distribution, q the target's.
 """
 
@@ -21,6 +30,7 @@ import torch
 
 from engine.acceptance import AcceptanceRule
 from engine.acceptance.sampling import RowGenerators
+from engine.model.feature_head import FeatureHead
 from engine.model_runner import ModelRunner
 from engine.sampling import BatchSampler
 from engine.sequence import Sequence
@@ -35,11 +45,15 @@ class StepResult:
 
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, draft: ModelRunner | None, gamma: int,
-                 shared_generator: torch.Generator):
-        """Each sequence brings the acceptance rule that verifies its drafts (`Sequence.rule`)."""
+                 shared_generator: torch.Generator, head: FeatureHead | None = None):
+        """draft or head (at most one) proposes; each sequence brings the acceptance rule that verifies its
+        drafts (`Sequence.rule`)."""
+        if draft is not None and head is not None:
+            raise ValueError("one draft: a Llama draft or a feature head, not both")
         self.target = target
         self.draft = draft if gamma > 0 else None
-        self.gamma = gamma if draft is not None else 0
+        self.head = head if gamma > 0 else None
+        self.gamma = gamma if self.draft is not None or self.head is not None else 0
         self.shared_generator = shared_generator
         self.vocab_size = target.model.cfg.vocab_size
         self.device = target.device
@@ -67,17 +81,44 @@ class SpeculativeDecoder:
     # ---- decode -----------------------------------------------------------------------------------------
     def step(self, seqs: list[Sequence], speculate: bool = True) -> StepResult:
         """speculate=False decodes with the target alone this step (the draft catches up next time)."""
+        if self.gamma and speculate and self.head is not None:
+            ready = [s.draft_state_at == s.length for s in seqs]
+            if not all(ready):
+                return self._split_step(seqs, ready) if any(ready) else self.step(seqs, speculate=False)
         sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator)
         if self.gamma == 0 or not speculate:
             return self._target_only(seqs, sampler)
         return self._speculate(seqs, sampler)
 
+    def _split_step(self, seqs: list[Sequence], ready: list[bool]) -> StepResult:
+        """Rows with a head state speculate; the others take a target-only step, which gives them one."""
+        parts = {flag: [i for i, r in enumerate(ready) if r == flag] for flag in (True, False)}
+        n = len(seqs)
+        merged = StepResult(tokens=[[]] * n, num_accepted=[0] * n, num_drafted=[0] * n)
+        for flag, rows in parts.items():
+            result = self.step([seqs[i] for i in rows], speculate=flag)
+            for i, tokens, k, d in zip(rows, result.tokens, result.num_accepted, result.num_drafted,
+                                       strict=True):
+                merged.tokens[i], merged.num_accepted[i], merged.num_drafted[i] = tokens, k, d
+        return merged
+
     def _target_only(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
         hidden = self.target.forward_chunks([s.target for s in seqs], [s.token_ids[-1:] for s in seqs])
         probs = sampler.probs(self.target.logits(hidden))  # [B, 1, V]
         tokens = sampler.sample(probs[:, 0]).tolist()
+        if self.head is not None:  # the state at n-1, which produced the token sampled now
+            self._keep_states(seqs, hidden[:, -1], [0] * len(seqs))
         zeros = [0] * len(seqs)
         return StepResult(tokens=[[t] for t in tokens], num_accepted=zeros, num_drafted=zeros)
+
+    @staticmethod
+    def _keep_states(seqs: list[Sequence], states: torch.Tensor, num_accepted: list[int]) -> None:
+        """A head row's next state: states[b] (the target's hidden state at the position that produced the
+        row's last emitted token, [B, d]; copied out of buffers that captured graphs reuse), valid once the
+        row holds its k + 1 emitted tokens."""
+        states = states.clone()
+        for b, (s, k) in enumerate(zip(seqs, num_accepted, strict=True)):
+            s.draft_state, s.draft_state_at = states[b], s.length + k + 1
 
     def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
         g, dev = self.gamma, self.device
@@ -89,10 +130,50 @@ class SpeculativeDecoder:
         positions = torch.tensor([range(n - 1, n + g) for n in lengths], device=dev)  # [B, γ+1]
         drafts = ids[:, 1:]  # [B, γ] x_1..x_γ (a view)
         draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # p_1..p_γ
-        one_each = self._all_valid(b, 1)
 
-        # 1. draft: catch up on uncached tokens (the last one, or the last two after a fully accepted round),
-        #    then one forward per proposed token.
+        # 1. draft γ proposals
+        if self.head is not None:
+            self._propose_with_head(seqs, sampler, ids, drafts, draft_probs)
+        else:
+            self._propose_with_draft(seqs, sampler, ids, positions, drafts, draft_probs)
+
+        # 2. target scores the last token and all γ drafts in one forward.
+        t_states = [s.target for s in seqs]
+        t_tables = self.target.block_tables(t_states, max(lengths) + g)
+        hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables, states=t_states)
+        target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
+
+        # 3. verify (each row up to its own γ), 4. roll back.
+        row_gammas = [min(g, s.params.num_speculative_tokens or g) for s in seqs]
+        tokens, accepted = self._verify(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
+        emitted = [row[:k + 1] for row, k in zip(tokens.tolist(), accepted.tolist(), strict=True)]
+        num_accepted = [len(e) - 1 for e in emitted]
+        if self.head is not None:  # the state at n-1+k, which produced the row's last emitted token
+            self._keep_states(seqs, hidden[torch.arange(b, device=dev), accepted], num_accepted)
+        for s, k in zip(seqs, num_accepted, strict=True):
+            s.target.num_computed = s.length + g
+            s.target.roll_back(self.target.blocks, s.length + k)
+            if self.draft is not None:
+                s.draft.roll_back(self.draft.blocks, s.length + k)
+        return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=row_gammas)
+
+    def _propose_with_head(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
+                           drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
+        """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts)."""
+        states = torch.stack([s.draft_state for s in seqs])  # [B, d]
+        for j in range(self.gamma):
+            states = self.head(states, ids[:, j])
+            p = sampler.probs(self.target.logits(states[:, None]), drafts[:, :j], offset=j)[:, 0]  # [B, V]
+            draft_probs[:, j] = p
+            drafts[:, j] = sampler.sample(p)
+
+    def _propose_with_draft(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
+                            positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
+        """The Llama draft: catch up on uncached tokens (the last one, or the last two after a fully accepted
+        round), then one forward per proposed token."""
+        g, b = self.gamma, len(seqs)
+        lengths = [s.length for s in seqs]
+        one_each = self._all_valid(b, 1)
         states = [s.draft for s in seqs]
         tables = self.draft.block_tables(states, max(lengths) + g - 1)
         metas = self.draft.column_metas(positions[:, :g], tables) or [None] * g
@@ -112,23 +193,6 @@ class SpeculativeDecoder:
             drafts[:, j] = sampler.sample(p)
         for s in seqs:
             s.draft.num_computed = s.length + g - 1
-
-        # 2. target scores the last token and all γ drafts in one forward.
-        t_states = [s.target for s in seqs]
-        t_tables = self.target.block_tables(t_states, max(lengths) + g)
-        hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables, states=t_states)
-        target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
-
-        # 3. verify (each row up to its own γ), 4. roll back.
-        row_gammas = [min(g, s.params.num_speculative_tokens or g) for s in seqs]
-        tokens, accepted = self._verify(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
-        emitted = [row[:k + 1] for row, k in zip(tokens.tolist(), accepted.tolist(), strict=True)]
-        num_accepted = [len(e) - 1 for e in emitted]
-        for s, k in zip(seqs, num_accepted, strict=True):
-            s.target.num_computed = s.length + g
-            s.target.roll_back(self.target.blocks, s.length + k)
-            s.draft.roll_back(self.draft.blocks, s.length + k)
-        return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=row_gammas)
 
     def _all_valid(self, rows: int, tokens: int) -> torch.Tensor:
         """Bool[rows, tokens] of True (read-only; one per shape, made once)."""

@@ -78,3 +78,26 @@ def hf_model(path: Path):
     from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def save_feature_head(target_dir: Path, path: Path, *, inner: int = 64, blocks: int = 2, scale: float = 0.5,
+                      seed: int = 2) -> Path:
+    """A random feature-head draft for a target (recipes/demo/train_draft_head.py's module, its blocks'
+    output weights scaled by `scale`): it steps the target's state a little, so its proposals are near the
+    target's previous distribution and agree with the next one sometimes."""
+    from engine.model.feature_head import FeatureHeadConfig
+    from recipes.demo.train_draft_head import FeatureHeadModule, export_head
+
+    target = hf_model(target_dir)
+    cfg = FeatureHeadConfig(hidden_size=target.config.hidden_size, intermediate_size=inner, num_blocks=blocks,
+                            vocab_size=target.config.vocab_size, rms_norm_eps=target.config.rms_norm_eps)
+    torch.manual_seed(seed)
+    head = FeatureHeadModule(cfg, target.model.embed_tokens.weight)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name.endswith("down.weight"):
+                p.copy_(scale * torch.randn_like(p) / p.shape[1] ** 0.5)
+            elif "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    export_head(head, path)
+    return path

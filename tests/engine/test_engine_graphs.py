@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_support import DEVICE, engine_config, save_tiny_llama
+from engine_support import DEVICE, engine_config, save_feature_head, save_tiny_llama
 
 from engine import Engine, SamplingParams
 from engine.block_manager import SeqBlocks
@@ -91,3 +91,21 @@ def test_captured_speculative_engine_with_a_draft_of_other_head_counts(tmp_path)
         got = captured.generate(batch, GREEDY)
         assert [g.token_ids for g in got] == want
         assert all(g.num_drafted > 0 for g in got)  # the draft's graphs proposed, the target's verified
+
+
+def test_captured_target_with_a_feature_head(tmp_path):
+    """A feature head keeps the target's hidden states across steps: taken out of a captured forward's
+    output (a buffer the next replay overwrites) they must be copies, or later proposals would read the
+    wrong state. Greedy tokens equal the eager engine's."""
+    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=5)
+    head = save_feature_head(target, tmp_path / "head", scale=0.3)
+    common = dict(draft=head, num_speculative_tokens=3, block_size=8, dtype="float32")
+    eager = Engine(engine_config(target, **common))
+    captured = Engine(engine_config(target, **common, decode_graphs=MODE,
+                                    compile_cache_dir=tmp_path / "inductor"))
+    assert captured.head is not None and captured.target.captured is not None
+    for batch in (prompts(4, seed=7), prompts(1, seed=8)):
+        want = eager.generate(batch, GREEDY)
+        got = captured.generate(batch, GREEDY)
+        assert [g.token_ids for g in got] == [g.token_ids for g in want]
+        assert [g.num_accepted for g in got] == [g.num_accepted for g in want]
