@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "--draft-shape's width and, where it gives HEADSxFFN, pruned to them, instead of "
                            "from the target")
     demo.add_argument("--draft-lr", type=float, default=defaults.draft_lr, help="draft peak learning rate")
+    demo.add_argument("--head-steps", type=int, default=defaults.head_steps,
+                      help="training steps of the feature-head draft (stage head)")
+    demo.add_argument("--head-inner", type=int, default=defaults.head_inner, help="the head's FFN width")
+    demo.add_argument("--head-minutes", type=float, default=None,
+                      help="time budget for the head's training (resumable)")
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
 
@@ -68,7 +73,7 @@ def run_demo(args: argparse.Namespace) -> int:
                        num_utterances=args.num_utterances, device=args.device, init_from=args.init_from,
                        train_minutes=args.train_minutes, phases=phases, draft_steps=args.draft_steps,
                        draft_shape=args.draft_shape, draft_minutes=args.draft_minutes,
-                       draft_init=args.draft_init, draft_lr=args.draft_lr,
-                       threads=args.threads)
+                       draft_init=args.draft_init, draft_lr=args.draft_lr, head_steps=args.head_steps,
+                       head_inner=args.head_inner, head_minutes=args.head_minutes, threads=args.threads)
     run(cfg, args.stages or STAGES)
     return 0

@@ -1,8 +1,9 @@
 """The demo-model recipe as stages; `pcgtts recipe demo` runs them in order, each resumable.
 
 Stages: corpus -> prepare (codebook, codes, vocabulary) -> train (target LM) -> decoder (codec conv
-decoder) -> durations (duration model) -> draft (distilled 1-layer draft) -> voices (preset voices) ->
-bundle (export) -> tables (ASG tables into the bundle and its manifest) -> eval. Working files live in
+decoder) -> durations (duration model) -> draft (distilled 1-layer Llama draft: the peers' benchmarks' and
+`--draft` alternative) -> head (the feature-head draft the bundle speculates with) -> voices (preset voices)
+-> bundle (export) -> tables (ASG tables into the bundle and its manifest) -> eval. Working files live in
 the run directory (git-ignored); the bundle is written to the model directory.
 """
 
@@ -22,7 +23,8 @@ SAMPLING_DEFAULTS = {"temperature": 0.5}
 # sentences (T=0.8, seeds 0/1): the LM's own timing within p95 caps 1.02; a smaller duration model (d=64,
 # 1,500 steps) exactly 0.79, within ±20% 0.91; the shipped one exactly 0.705; espeak-ng's own durations 0.69
 DURATION_WINDOW = 0.0
-STAGES = ["corpus", "prepare", "train", "decoder", "durations", "draft", "voices", "bundle", "tables", "eval"]
+STAGES = ["corpus", "prepare", "train", "decoder", "durations", "draft", "head", "voices", "bundle", "tables",
+          "eval"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class RecipeConfig:
     draft_minutes: float | None = None  # time budget for the draft's distillation (resumable)
     draft_init: Path | None = None  # a wider draft of the same target to project and fine-tune from
     draft_lr: float = 6e-3
+    head_steps: int = 2000  # the feature head's training (recipes/demo/train_draft_head.py)
+    head_inner: int = 1024
+    head_minutes: float | None = None
     duration_steps: int = 2500
     workers: int = 2
     threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
@@ -156,20 +161,28 @@ def stage_durations(cfg: RecipeConfig) -> None:
                     seed=cfg.seed)
 
 
-def stage_draft(cfg: RecipeConfig) -> None:
-    """Export the target checkpoint (fp16 Hugging Face dir) and distil the draft from it."""
-    from transformers import LlamaForCausalLM
-
-    from recipes.demo.train_draft import DraftShape, distill, held_out_acceptance
+def export_target(cfg: RecipeConfig) -> Path:
+    """The run's export directory, holding the target the drafts learn from: the trained checkpoint's export,
+    or (a new draft for a shipped target) the `--init-from` bundle's weights."""
     from recipes.demo.train_lm import export
 
     export_dir = cfg.run_dir / "export"
     if (cfg.run_dir / "target" / "ckpt.pt").exists():
         export(cfg.run_dir / "target" / "ckpt.pt", export_dir / "target")
-    elif cfg.init_from is not None:  # a new draft for a shipped target: distil from the bundle's weights
+    elif cfg.init_from is not None:
         import shutil
 
         shutil.copytree(cfg.init_from / "target", export_dir / "target", dirs_exist_ok=True)
+    return export_dir
+
+
+def stage_draft(cfg: RecipeConfig) -> None:
+    """Export the target checkpoint (fp16 Hugging Face dir) and distil the draft from it."""
+    from transformers import LlamaForCausalLM
+
+    from recipes.demo.train_draft import DraftShape, distill, held_out_acceptance
+
+    export_dir = export_target(cfg)
     if (export_dir / "draft" / "config.json").exists():
         print("[draft] exported draft exists, kept")
         return
@@ -185,6 +198,29 @@ def stage_draft(cfg: RecipeConfig) -> None:
     print(f"[draft] held-out per-token acceptance (exact, T=0.8, teacher-forced): {alpha:.3f}", flush=True)
     (cfg.run_dir / "draft" / "acceptance.json").write_text(json.dumps({"held_out_per_token_alpha": alpha}))
     draft.to(torch.float16).save_pretrained(export_dir / "draft", safe_serialization=True)
+
+
+def stage_head(cfg: RecipeConfig) -> None:
+    """Train the feature-head draft on the target's hidden states."""
+    from transformers import LlamaForCausalLM
+
+    from recipes.demo.train_draft_head import export_head, held_out_acceptance_by_step, train_head
+
+    export_dir = export_target(cfg)
+    if (export_dir / "draft-head" / "config.json").exists():
+        print("[head] exported head exists, kept")
+        return
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = load_data(cfg.run_dir)
+    target = LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
+    head = train_head(target, data["vocab"], data["train"], cfg.run_dir / "head", inner=cfg.head_inner,
+                      steps=cfg.head_steps, seed=cfg.seed + 11, time_budget_min=cfg.head_minutes)
+    alphas = held_out_acceptance_by_step(target, head, data["vocab"], data["val"])
+    print(f"[head] held-out acceptance by draft step (exact, T=0.8, teacher-forced): "
+          f"{', '.join(f'{a:.3f}' for a in alphas)}", flush=True)
+    (cfg.run_dir / "head" / "acceptance.json").write_text(json.dumps({"held_out_alpha_by_step": alphas}))
+    export_head(head, export_dir / "draft-head")
 
 
 def stage_voices(cfg: RecipeConfig) -> None:
@@ -205,6 +241,7 @@ def stage_bundle(cfg: RecipeConfig) -> None:
     model_dir, export_dir = cfg.model_dir, cfg.run_dir / "export"
     model_dir.mkdir(parents=True, exist_ok=True)
     for name, src in (("target", export_dir / "target"), ("draft", export_dir / "draft"),
+                      ("draft-head", export_dir / "draft-head"),
                       ("codec", cfg.run_dir / "codec_final"), ("duration", cfg.run_dir / "duration")):
         shutil.rmtree(model_dir / name, ignore_errors=True)
         shutil.copytree(src, model_dir / name, ignore=shutil.ignore_patterns("generation_config.json",
@@ -218,7 +255,7 @@ def stage_bundle(cfg: RecipeConfig) -> None:
     family["max_phoneme_frames"] = duration_caps(vocab, data["train"])  # used without a duration model
     family["duration_window"] = DURATION_WINDOW
     (model_dir / "family.json").write_text(json.dumps(family, indent=1))
-    manifest = {"family": "demo-phoneme", "target": "target", "draft": "draft", "codec": "codec",
+    manifest = {"family": "demo-phoneme", "target": "target", "draft": "draft-head", "codec": "codec",
                 "codec_type": "demo-mel", "voices": "voices", "sampling": SAMPLING_DEFAULTS}
     (model_dir / "pcgtts.json").write_text(json.dumps(manifest, indent=1))
     plot_losses(cfg.run_dir, model_dir / "loss_curves.png")

@@ -282,3 +282,24 @@ def test_warmup_linear_decay_warms_up_decays_and_holds_its_floor():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(0.91)  # warm-up, already decaying
     assert all(a >= b for a, b in zip(lrs[9:-1], lrs[10:], strict=True))  # then never rises
     assert min(lrs[9:]) == pytest.approx(0.2) and lrs[80:] == pytest.approx([0.2] * 20)  # held at the floor
+
+
+def test_feature_head_learns_the_targets_next_distribution_and_resumes(tmp_path):
+    """The head's unrolled KL falls with training (it learns to step the target's state), an interrupted run
+    resumes where it stopped, and the held-out acceptance per draft step is a probability."""
+    from transformers import LlamaForCausalLM
+
+    from recipes.demo.train_draft_head import held_out_acceptance_by_step, train_head
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(SMALL.config(VOCAB.vocab_size)).eval()
+    kw = dict(inner=32, unroll=2, batch_size=4, lr=1e-2)
+    train_head(target, VOCAB, _utts(), tmp_path, steps=40, time_budget_min=0, **kw)
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=False)["step"] == 0
+    head = train_head(target, VOCAB, _utts(), tmp_path, steps=40, **kw)
+    history = torch.load(tmp_path / "ckpt.pt", weights_only=False)["history"]
+    assert len(history) == 40
+    first, last = np.mean([h["kl"] for h in history[:5]], 0), np.mean([h["kl"] for h in history[-5:]], 0)
+    assert (last < 0.8 * first).all(), (first, last)  # both unrolled steps improved
+    alphas = held_out_acceptance_by_step(target, head, VOCAB, _utts(n=8, seed=1), steps=2, count=8)
+    assert len(alphas) == 2 and all(0 < a <= 1 for a in alphas)
