@@ -12,6 +12,8 @@ about engine speed.
     pcgtts bench engine --out results/engine            # tiny random pair
     pcgtts bench engine --target models/demo-en/target --draft models/demo-en/draft \
         --asg-table models/demo-en/asg.safetensors --out results/engine
+    (add --our-draft models/demo-en/draft-head: our engine speculates with the bundle's feature head while
+    transformers' assisted generation and vLLM keep the Llama draft)
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class BenchSetup:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=Path, help="target checkpoint dir (default: a random pair)")
     parser.add_argument("--draft", type=Path, help="draft checkpoint dir")
+    parser.add_argument("--our-draft", type=Path,
+                        help="the draft our engine's speculative modes use instead of --draft (e.g. the "
+                        "bundle's feature head, which the peers cannot run); the peers keep --draft")
     parser.add_argument("--asg-table", type=Path, help="ASG table for pcg (default: built from the target)")
     parser.add_argument("--theta", type=float, help="θ of the ASG table built when none is given "
                         "(default: the shape's)")
@@ -238,7 +243,7 @@ class EngineRunner:
         self.mode = mode
         per_seq = longest_prompt + args.max_tokens + 2 * args.gamma + 32
         self.engine = Engine(EngineConfig(
-            target=setup.target, draft=setup.draft if spec else None,
+            target=setup.target, draft=(getattr(args, "our_draft", None) or setup.draft) if spec else None,
             acceptance=mode if spec else "exact", asg_table=setup.asg_table,
             num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
             decode_graphs=getattr(args, "decode_graphs", "eager"), max_num_seqs=max(args.batch_sizes),
@@ -433,8 +438,9 @@ def main(args) -> int:
         if args.target is None:
             setup = random_pair(Path(tmp), args.shape, args.residual_gain, args.device)
         else:
+            ours = f"; our engine drafts with {args.our_draft}" if args.our_draft else ""
             setup = BenchSetup(args.target, args.draft, args.asg_table,
-                               f"target {args.target}, draft {args.draft}")
+                               f"target {args.target}, draft {args.draft}{ours}")
         if "pcg" in args.modes and setup.asg_table is None:
             theta = args.theta or shape["theta"]
             offset = shape["speech_offset"] if args.target is None else 0

@@ -45,7 +45,8 @@ start=$SECONDS
 echo "== equivalence tests on $DEVICE"
 PCGTTS_TEST_DEVICE=$DEVICE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
   tests/engine/test_engine_model.py tests/engine/test_engine_greedy.py tests/engine/test_engine_sampling.py \
-  tests/engine/test_engine_llasa.py tests/engine/test_engine_graphs.py 2>&1 | tee "$OUT/tests.log"
+  tests/engine/test_engine_llasa.py tests/engine/test_engine_graphs.py tests/engine/test_engine_feature_head.py \
+  2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "tests: exit $tests_rc after $((SECONDS - start)) s"
 

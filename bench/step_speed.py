@@ -39,6 +39,8 @@ RULES = ("target-only", "exact", "pcg")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
+    parser.add_argument("--draft", type=Path, default=None,
+                        help="draft directory (a Llama checkpoint or a feature head) instead of the bundle's")
     parser.add_argument("--graphs", nargs="+", default=["eager", "compile"],
                         help="decode_graphs modes to compare (eager, compile, cuda_graphs)")
     parser.add_argument("--rules", nargs="+", default=list(RULES), help=f"of {', '.join(RULES)}")
@@ -99,9 +101,17 @@ def run_once(engine: Engine, batches: list[tuple[list, list]]) -> dict:
             "tokens_per_step": tokens / sum(g.num_steps for g in gens)}
 
 
+def head_step(engine: Engine):
+    """One feature-head draft step at batch 1 (the head, then the target's LM head), as a call."""
+    state = torch.zeros(1, engine.target_config.hidden_size, device=engine.device, dtype=engine.dtype)
+    token = torch.zeros(1, dtype=torch.long, device=engine.device)
+    return lambda: engine.target.logits(engine.head(state, token)[:, None])
+
+
 def forward_costs(shapes: dict[str, tuple], context: int, reps: int = 40, consecutive: int = 1
                   ) -> dict[str, float]:
-    """Median ms of one decode forward per named (runner, tokens per row) at batch 1 over `context` cached
+    """Median ms of one decode forward per named (runner, tokens per row), or per named call (a feature-head
+    draft step), at batch 1 over `context` cached
     tokens (through the runner's captured graph when it has one for that shape), the shapes timed in turn
     within each repeat so that a shared machine's drift hits all alike. Writes scratch positions only.
     Each shape runs `consecutive` forwards in a row per repeat and counts their mean, as a decode step runs
@@ -109,7 +119,11 @@ def forward_costs(shapes: dict[str, tuple], context: int, reps: int = 40, consec
     the others do not. Passes the row's state, as the engine does, so an eager CPU forward reads its KV
     mirror (after the first call) rather than gathering the context from the pool."""
     prepared = {}
-    for name, (runner, num_tokens) in shapes.items():
+    for name, shape in shapes.items():
+        if callable(shape):  # a draft without a cache of its own: the call itself
+            prepared[name] = (None, None, shape)
+            continue
+        runner, num_tokens = shape
         state = SeqBlocks()
         state.ensure(runner.blocks, context + num_tokens)
         dev = runner.device
@@ -124,12 +138,16 @@ def forward_costs(shapes: dict[str, tuple], context: int, reps: int = 40, consec
             for name, (runner, state, inputs) in prepared.items():
                 t0 = time.perf_counter()
                 for _ in range(consecutive):
-                    runner.logits(runner.forward(*inputs, states=[state]))
+                    if runner is None:
+                        inputs()
+                    else:
+                        runner.logits(runner.forward(*inputs, states=[state]))
                 if i >= 3:
                     times[name].append((time.perf_counter() - t0) / consecutive)
     finally:
         for runner, state, _ in prepared.values():
-            state.release(runner.blocks)
+            if runner is not None:
+                state.release(runner.blocks)
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
@@ -158,7 +176,7 @@ def machine() -> dict:
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
-    bundle = ModelBundle.from_dir(args.model)
+    bundle = ModelBundle.from_dir(args.model, draft_dir=args.draft)
     prompts, params = speech_requests(bundle, args.utterances or max(args.batch_sizes), args.temperature,
                                       args.max_tokens)
     requests = {b: batched(prompts, params, b) for b in args.batch_sizes}
@@ -197,8 +215,9 @@ def run(args) -> dict:
             continue
         # the target-only engine's target has the captured 1-token graph (the speculative one: γ+1 only)
         single = engines.get((graphs, "target-only"), spec).target
+        draft = (spec.draft, 1) if spec.draft is not None else head_step(spec)
         ms = forward_costs({"target_1": (single, 1), "target_v": (spec.target, args.gamma + 1),
-                            "draft_1": (spec.draft, 1)}, args.context, consecutive=args.gamma)
+                            "draft_1": draft}, args.context, consecutive=args.gamma)
         target_1, target_v, draft_1 = ms["target_1"], ms["target_v"], ms["draft_1"]
         costs[graphs] = {"target_1_ms": target_1, "target_verify_ms": target_v, "draft_1_ms": draft_1,
                          "c": draft_1 / target_1, "v": target_v / target_1}
@@ -209,7 +228,8 @@ def run(args) -> dict:
                 row["share_of_bound"] = row["speedup"] / row["leviathan_bound"] if row["speedup"] else None
     return {"command": "pcgtts bench step " + " ".join(sys.argv[sys.argv.index("step") + 1:])
             if "step" in sys.argv else " ".join(sys.argv),
-            "machine": machine(), "gamma": args.gamma, "temperature": args.temperature,
+            "machine": machine(), "draft": bundle.draft_dir.name if bundle.draft_dir else None,
+            "gamma": args.gamma, "temperature": args.temperature,
             "max_tokens": args.max_tokens, "utterances": len(prompts), "repeats": args.repeats,
             "start_up": start_up, "forward_costs": costs, "rows": rows}
 
