@@ -63,7 +63,8 @@ def test_streamed_pcm_equals_whole_pcm_for_the_same_seed(live_server):
 
 
 def test_chunk_joins_have_no_discontinuity(tts_service, record_property):
-    """Sample-to-sample jumps where streamed chunks meet are no larger than jumps inside chunks."""
+    """Where streamed chunks meet, the audio is the one-pass decode's, and sample-to-sample jumps there are no
+    larger than the largest inside chunks."""
     async def chunks():
         synth = tts_service.synthesize(TWO_SENTENCES, None, SynthesisOptions(seed=2))
         return [chunk async for chunk in synth]
@@ -72,16 +73,18 @@ def test_chunk_joins_have_no_discontinuity(tts_service, record_property):
     audio = np.concatenate(pieces)
     joins = np.cumsum([p.size for p in pieces])[:-1]
     assert joins.size >= 4
+    # Joins are where blocks were decoded separately: the stream equals a one-pass decode exactly, so no
+    # join adds a step the signal does not have.
+    whole = asyncio.run(_whole(tts_service))
+    assert np.array_equal(audio, whole)
+    # The same seen on the samples. Not a high quantile of the inside jumps: with a dozen joins one lands on
+    # one of the signal's own large steps now and then (it did at p99.9 with 13 joins).
     jumps = np.abs(np.diff(audio))  # jumps[i] = |audio[i + 1] - audio[i]|
     at_joins = jumps[joins - 1]
     inside = np.delete(jumps, joins - 1)
-    typical = float(np.quantile(inside, 0.999))
     record_property("max_join_jump", float(at_joins.max()))
-    record_property("p999_inside_jump", typical)
-    assert at_joins.max() <= typical, (at_joins.max(), typical)
-    # Joins are where blocks were decoded separately: the stream equals a one-pass decode exactly.
-    whole = asyncio.run(_whole(tts_service))
-    assert np.array_equal(audio, whole)
+    record_property("max_inside_jump", float(inside.max()))
+    assert at_joins.max() <= inside.max(), (at_joins.max(), inside.max())
 
 
 async def _whole(service) -> np.ndarray:
