@@ -8,7 +8,8 @@ Held-out sentences (the model card's eval sentences, preset voices in turn) x se
    output replaced by a random member of its seed group G(t); ΔWER and Δ similarity against the same
    unswapped outputs, and the share of codes changed;
 3. PCG decoding with each of `--decode-tables` (one engine, the table chosen per request), on every seed:
-   accepted/drafted, tokens per verify step, tokens/s, WER and similarity, Δ against target-only.
+   accepted/drafted, tokens per verify step, tokens/s, WER and similarity, Δ against target-only with
+   paired-bootstrap 95% intervals over the utterances (`paired_bootstrap`).
 
 Rows are saved as they are measured; a rerun with the same settings keeps them and measures the rest.
 
@@ -118,6 +119,31 @@ def subset(scored: dict, rows: list[int]) -> dict:
             "speaker_similarity": float(np.mean([scored["similarities"][at[r]] for r in rows]))}
 
 
+def paired_bootstrap(base: dict, row: dict, resamples: int = 10_000, seed: int = 0) -> dict:
+    """95% intervals of ΔWER and Δ similarity (row against base on the same utterances), resampling the
+    utterances of `row` with replacement and keeping each paired with base's score of the same one."""
+    at = {r: k for k, r in enumerate(base["rows"])}
+    ref = [at[r] for r in row["rows"]]
+    errors, words = np.array(row["errors"], float), np.array([base["words"][k] for k in ref], float)
+    base_errors = np.array([base["errors"][k] for k in ref], float)
+    sims = np.array(row["similarities"]) - np.array([base["similarities"][k] for k in ref])
+    pick = np.random.default_rng(seed).integers(0, len(ref), (resamples, len(ref)))  # [R, n]
+    d_wer = (errors[pick].sum(1) - base_errors[pick].sum(1)) / np.maximum(1.0, words[pick].sum(1))
+    d_sim = sims[pick].mean(1)
+    return {"delta_wer_ci95": np.quantile(d_wer, [0.025, 0.975]).tolist(),
+            "delta_similarity_ci95": np.quantile(d_sim, [0.025, 0.975]).tolist()}
+
+
+def add_intervals(report: dict) -> dict:
+    """Every decoding row and swap test of a groups report gets its paired-bootstrap intervals."""
+    base = report["decoding"]["target-only"]
+    rows = [r for label, r in report["decoding"].items() if label != "target-only"]
+    rows += [t["swap_test"] for t in report["tables"].values()]
+    for row in rows:
+        row |= paired_bootstrap(base, row)
+    return report
+
+
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
         temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int]) -> dict:
     from recipes.demo.eval_codec import eval_sentences
@@ -215,6 +241,7 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                       flush=True)
     report["note"] = ("tokens_per_s of each row comes from its own run on a shared machine; compare speed by "
                       "tokens_per_verify_step (same draft, same verify cost)")
+    add_intervals(report)
     save()
     return report
 

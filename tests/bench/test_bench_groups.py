@@ -81,3 +81,23 @@ def test_acceptance_sweep_runs_an_acoustic_bundle_table_as_its_own_row(tiny_bund
     assert pcg[0].label == "pcg mel-test" and pcg[0].theta == BUNDLE_TABLE
     assert [s.theta for s in pcg[1:]] == [0.55, 0.45]  # the paper's cosine groups stay as comparisons
     assert manifest["asg_table"] == "asg.safetensors"
+
+
+def test_paired_bootstrap_intervals_cover_the_shift_they_are_given():
+    """A run whose every utterance has one more error in ten words than the baseline's: ΔWER is 0.1 in every
+    resample (a point interval); a similarity shifted by noise around +0.05 gets an interval around +0.05
+    that excludes 0; the baseline against itself gets [0, 0]."""
+    from bench.groups import paired_bootstrap
+
+    rng = np.random.default_rng(0)
+    n = 200
+    base = {"rows": list(range(n)), "errors": [2] * n, "words": [10] * n,
+            "similarities": rng.uniform(0.6, 0.8, n).tolist()}
+    row = {"rows": list(range(n)), "errors": [3] * n,
+           "similarities": (np.array(base["similarities"]) + 0.05 + rng.normal(0, 0.02, n)).tolist()}
+    ci = paired_bootstrap(base, row)
+    assert np.allclose(ci["delta_wer_ci95"], [0.1, 0.1])
+    lo, hi = ci["delta_similarity_ci95"]
+    assert 0.04 < lo < 0.05 < hi < 0.06
+    same = paired_bootstrap(base, base | {"rows": list(range(n))})
+    assert same["delta_wer_ci95"] == [0.0, 0.0] and same["delta_similarity_ci95"] == [0.0, 0.0]
