@@ -181,24 +181,8 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
     else:
         draft = make_draft(target, shape, seed).train()
     optim = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    history, first, spent = [], 0, 0.0
-    ckpt_path = out_dir / "ckpt.pt"
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        draft.load_state_dict(state["draft"])
-        optim.load_state_dict(state["optim"])
-        history, first, spent = state["history"], state["step"], state["seconds"]
-        print(f"[draft] resumed at step {first} ({spent / 60:.1f} min spent)", flush=True)
-    budget = None if time_budget_min is None else 60 * time_budget_min
-    start = time.time() - spent
-    step = first
-    for step in range(first, steps):
-        elapsed = time.time() - start
-        if budget is not None and elapsed >= budget:
-            print(f"[draft] time budget spent at step {step}", flush=True)
-            break
-        # progress by steps or by time, whichever is further: the schedule always ends decayed
-        at = max(step, int(steps * elapsed / budget) if budget else 0)
+
+    def step_loss(step: int) -> tuple[torch.Tensor, float]:
         batch = make_batch(vocab, utts, plan, step)
         keep = batch["labels"] != IGNORE  # [B, L] positions whose next token is generated speech
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -206,17 +190,10 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
             t_logp = torch.log_softmax(target(**inputs).logits[keep].float(), -1)  # [n, V]
         d_logp = torch.log_softmax(draft(**inputs).logits[keep], -1)  # [n, V]
         loss = (t_logp.exp() * (t_logp - d_logp)).sum(-1).mean()  # KL(target || draft)
-        optimizer_step(optim, loss, warmup_linear_decay(at, steps, lr, warmup=50, floor=0.1), clip=1.0)
-        history.append({"step": step + 1, "kl": loss.item(), "time": time.time()})
-        if (step + 1) % 25 == 0:
-            print(f"[draft] step {step + 1}/{steps} KL {loss.item():.3f} {time.time() - start:.0f}s",
-                  flush=True)
-        if (step + 1) % CHECKPOINT_STEPS == 0:
-            save_checkpoint(ckpt_path, draft, optim, history, step + 1, time.time() - start)
-    else:
-        step = steps
-    save_checkpoint(ckpt_path, draft, optim, history, step, time.time() - start)
-    (out_dir / "history.json").write_text(json.dumps(history))
+        return loss, loss.item()
+
+    step = train_resumable(draft, optim, out_dir, "draft", step_loss, steps=steps, lr=lr,
+                           time_budget_min=time_budget_min, describe=lambda kl: f"KL {kl:.3f}")
     cfg = draft.config
     size = {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
             "head_dim": cfg.head_dim, "intermediate": cfg.intermediate_size}
@@ -225,7 +202,47 @@ def distill(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_di
     return draft.eval()
 
 
-def save_checkpoint(path: Path, draft: LlamaForCausalLM, optim: torch.optim.Optimizer, history: list,
+def train_resumable(model: torch.nn.Module, optim: torch.optim.Optimizer, out_dir: Path, name: str,
+                    step_loss, *, steps: int, lr: float, time_budget_min: float | None, describe) -> int:
+    """The recipe's draft training loop: step_loss(step) -> (loss, record) for that step's batch; AdamW
+    steps on a warmup-linear-decay schedule; `record` (the KL, as `describe` prints it) kept per step in
+    out_dir/history.json. Checkpoints every CHECKPOINT_STEPS steps and resumes from out_dir/ckpt.pt. A
+    time budget shortens the schedule: the learning rate decays by whichever is further along, steps or
+    time, and training stops when either ends. Returns the step reached."""
+    history, first, spent = [], 0, 0.0
+    ckpt_path = out_dir / "ckpt.pt"
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(state["draft"])
+        optim.load_state_dict(state["optim"])
+        history, first, spent = state["history"], state["step"], state["seconds"]
+        print(f"[{name}] resumed at step {first} ({spent / 60:.1f} min spent)", flush=True)
+    budget = None if time_budget_min is None else 60 * time_budget_min
+    start = time.time() - spent
+    step = first
+    for step in range(first, steps):
+        elapsed = time.time() - start
+        if budget is not None and elapsed >= budget:
+            print(f"[{name}] time budget spent at step {step}", flush=True)
+            break
+        # progress by steps or by time, whichever is further: the schedule always ends decayed
+        at = max(step, int(steps * elapsed / budget) if budget else 0)
+        loss, record = step_loss(step)
+        optimizer_step(optim, loss, warmup_linear_decay(at, steps, lr, warmup=50, floor=0.1), clip=1.0)
+        history.append({"step": step + 1, "kl": record, "time": time.time()})
+        if (step + 1) % 25 == 0:
+            print(f"[{name}] step {step + 1}/{steps} {describe(record)} {time.time() - start:.0f}s",
+                  flush=True)
+        if (step + 1) % CHECKPOINT_STEPS == 0:
+            save_checkpoint(ckpt_path, model, optim, history, step + 1, time.time() - start)
+    else:
+        step = steps
+    save_checkpoint(ckpt_path, model, optim, history, step, time.time() - start)
+    (out_dir / "history.json").write_text(json.dumps(history))
+    return step
+
+
+def save_checkpoint(path: Path, draft: torch.nn.Module, optim: torch.optim.Optimizer, history: list,
                     step: int, seconds: float) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"draft": draft.state_dict(), "optim": optim.state_dict(), "history": history, "step": step,

@@ -10,8 +10,6 @@ and frozen; only the head trains.
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +24,7 @@ from engine.model.feature_head import FeatureHeadConfig
 from engine.speech.demo.constraint import MarkerMergeConstraint
 from engine.speech.demo.layout import DemoVocab
 from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
-from recipes.demo.optim import optimizer_step, warmup_linear_decay
-from recipes.demo.train_draft import save_checkpoint
+from recipes.demo.train_draft import train_resumable
 
 
 class _Block(nn.Module):
@@ -93,23 +90,8 @@ def train_head(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out
     head = FeatureHeadModule(cfg, target.model.embed_tokens.weight.float()).train()
     optim = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     plan = BatchPlan(utts, batch_size, seed)
-    history, first, spent = [], 0, 0.0
-    ckpt_path = out_dir / "ckpt.pt"
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        head.load_state_dict(state["draft"])
-        optim.load_state_dict(state["optim"])
-        history, first, spent = state["history"], state["step"], state["seconds"]
-        print(f"[head] resumed at step {first} ({spent / 60:.1f} min spent)", flush=True)
-    budget = None if time_budget_min is None else 60 * time_budget_min
-    start = time.time() - spent
-    step = first
-    for step in range(first, steps):
-        elapsed = time.time() - start
-        if budget is not None and elapsed >= budget:
-            print(f"[head] time budget spent at step {step}", flush=True)
-            break
-        at = max(step, int(steps * elapsed / budget) if budget else 0)
+
+    def step_loss(step: int) -> tuple[torch.Tensor, list[float]]:
         batch = make_batch(vocab, utts, plan, step)
         with torch.no_grad():
             hidden = target_states(target, batch)  # [B, L, d]
@@ -121,18 +103,11 @@ def train_head(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out
             want = t_logp[:, k:][rows]  # [n, V]
             got = torch.log_softmax(target.lm_head(states[rows]), -1)
             kls.append((want.exp() * (want - got)).sum(-1).mean())
-        loss = torch.stack(kls).sum()
-        optimizer_step(optim, loss, warmup_linear_decay(at, steps, lr, warmup=50, floor=0.1), clip=1.0)
-        history.append({"step": step + 1, "kl": [x.item() for x in kls], "time": time.time()})
-        if (step + 1) % 25 == 0:
-            print(f"[head] step {step + 1}/{steps} KL by step {[round(x.item(), 3) for x in kls]} "
-                  f"{time.time() - start:.0f}s", flush=True)
-        if (step + 1) % 100 == 0:
-            save_checkpoint(ckpt_path, head, optim, history, step + 1, time.time() - start)
-    else:
-        step = steps
-    save_checkpoint(ckpt_path, head, optim, history, step, time.time() - start)
-    (out_dir / "history.json").write_text(json.dumps(history))
+        return torch.stack(kls).sum(), [x.item() for x in kls]
+
+    train_resumable(head, optim, out_dir, "head", step_loss, steps=steps, lr=lr,
+                    time_budget_min=time_budget_min,
+                    describe=lambda kls: f"KL by step {[round(x, 3) for x in kls]}")
     return head.eval()
 
 
