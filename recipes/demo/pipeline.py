@@ -176,20 +176,31 @@ def export_target(cfg: RecipeConfig) -> Path:
     return export_dir
 
 
+def draft_training_inputs(cfg: RecipeConfig, exported: str):
+    """(export dir, data, target in float32) for a stage that trains a draft exported as export/`exported`;
+    None when that export exists already (the stage is done and keeps it)."""
+    from transformers import LlamaForCausalLM
+
+    export_dir = export_target(cfg)
+    if (export_dir / exported / "config.json").exists():
+        print(f"[{exported}] exported {exported} exists, kept")
+        return None
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    data = load_data(cfg.run_dir)
+    return export_dir, data, LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
+
+
 def stage_draft(cfg: RecipeConfig) -> None:
     """Export the target checkpoint (fp16 Hugging Face dir) and distil the draft from it."""
     from transformers import LlamaForCausalLM
 
     from recipes.demo.train_draft import DraftShape, distill, held_out_acceptance
 
-    export_dir = export_target(cfg)
-    if (export_dir / "draft" / "config.json").exists():
-        print("[draft] exported draft exists, kept")
+    inputs = draft_training_inputs(cfg, "draft")
+    if inputs is None:
         return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    data = load_data(cfg.run_dir)
-    target = LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
+    export_dir, data, target = inputs
     init = LlamaForCausalLM.from_pretrained(cfg.draft_init, dtype=torch.float32) if cfg.draft_init else None
     draft = distill(target, data["vocab"], data["train"], cfg.run_dir / "draft", steps=cfg.draft_steps,
                     shape=DraftShape.parse(cfg.draft_shape), lr=cfg.draft_lr, seed=cfg.seed + 1,
@@ -202,18 +213,12 @@ def stage_draft(cfg: RecipeConfig) -> None:
 
 def stage_head(cfg: RecipeConfig) -> None:
     """Train the feature-head draft on the target's hidden states."""
-    from transformers import LlamaForCausalLM
-
     from recipes.demo.train_draft_head import export_head, held_out_acceptance_by_step, train_head
 
-    export_dir = export_target(cfg)
-    if (export_dir / "draft-head" / "config.json").exists():
-        print("[head] exported head exists, kept")
+    inputs = draft_training_inputs(cfg, "draft-head")
+    if inputs is None:
         return
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    data = load_data(cfg.run_dir)
-    target = LlamaForCausalLM.from_pretrained(export_dir / "target", dtype=torch.float32)
+    export_dir, data, target = inputs
     head = train_head(target, data["vocab"], data["train"], cfg.run_dir / "head", inner=cfg.head_inner,
                       steps=cfg.head_steps, seed=cfg.seed + 11, time_budget_min=cfg.head_minutes)
     alphas = held_out_acceptance_by_step(target, head, data["vocab"], data["val"])
