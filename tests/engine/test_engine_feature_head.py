@@ -97,12 +97,3 @@ def test_head_speculation_has_target_distribution(tiny, setting):
     m = engine.metrics()
     assert 0.1 < m.spec_accepted_tokens / m.spec_drafted_tokens < 0.95
 
-
-def test_seeded_head_requests_reproduce_whatever_shares_the_batch(tiny):
-    engine = Engine(engine_config(tiny[0], draft=tiny[1], num_speculative_tokens=3, seed=1))
-    params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
-    alone = engine.generate([PROMPT], params)[0].token_ids
-    others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]
-    crowd = engine.generate([[5, 6], PROMPT, [7, 7, 7], [1]], [others[0], params, others[1], others[2]])
-    assert crowd[1].token_ids == alone
-    assert len(alone) == 30

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
+from engine_support import engine_config, hf_model, save_draft_from, save_feature_head, save_tiny_llama
 from scipy.stats import chisquare
 
 from engine import Engine, SamplingParams
@@ -170,13 +170,17 @@ def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
     assert 0 < sum(a for _, a in drafted["exact"]) < sum(d for d, _ in drafted["exact"])  # both branches
 
 
-def test_seeded_requests_reproduce_whatever_shares_the_batch(models):
-    engine = Engine(engine_config(models[0], draft=models[1], num_speculative_tokens=3, seed=1))
+@pytest.mark.parametrize("kind", ["llama", "feature-head"])
+def test_seeded_requests_reproduce_whatever_shares_the_batch(models, tmp_path, kind):
+    """With either draft: a head row's first step is target-only whatever shares the batch, too."""
+    draft = models[1] if kind == "llama" else save_feature_head(models[0], tmp_path / "head")
+    engine = Engine(engine_config(models[0], draft=draft, num_speculative_tokens=3, seed=1))
     params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
     alone = engine.generate([PROMPT], params)[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]
     crowd = engine.generate([[5, 6], PROMPT, [7, 7, 7], [1]], [others[0], params, others[1], others[2]])
     assert crowd[1].token_ids == alone
+    assert len(alone) == 30
     other_seed = engine.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=30, seed=99))[0]
     assert other_seed.token_ids != alone
 
