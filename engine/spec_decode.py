@@ -106,17 +106,16 @@ class SpeculativeDecoder:
         hidden = self.target.forward_chunks([s.target for s in seqs], [s.token_ids[-1:] for s in seqs])
         probs = sampler.probs(self.target.logits(hidden))  # [B, 1, V]
         tokens = sampler.sample(probs[:, 0]).tolist()
-        if self.head is not None:  # the state at n-1, which produced the token sampled now
-            self._keep_states(seqs, hidden[:, -1], [0] * len(seqs))
+        if self.head is not None:  # the state at n-1, which produced the token sampled now (a copy)
+            self._keep_states(seqs, hidden[:, -1].clone(), [0] * len(seqs))
         zeros = [0] * len(seqs)
         return StepResult(tokens=[[t] for t in tokens], num_accepted=zeros, num_drafted=zeros)
 
     @staticmethod
     def _keep_states(seqs: list[Sequence], states: torch.Tensor, num_accepted: list[int]) -> None:
         """A head row's next state: states[b] (the target's hidden state at the position that produced the
-        row's last emitted token, [B, d]; copied out of buffers that captured graphs reuse), valid once the
-        row holds its k + 1 emitted tokens."""
-        states = states.clone()
+        row's last emitted token, [B, d]; a tensor of its own, not a view of a buffer that captured graphs
+        reuse), valid once the row holds its k + 1 emitted tokens."""
         for b, (s, k) in enumerate(zip(seqs, num_accepted, strict=True)):
             s.draft_state, s.draft_state_at = states[b], s.length + k + 1
 
@@ -148,7 +147,8 @@ class SpeculativeDecoder:
         tokens, accepted = self._verify(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
         emitted = [row[:k + 1] for row, k in zip(tokens.tolist(), accepted.tolist(), strict=True)]
         num_accepted = [len(e) - 1 for e in emitted]
-        if self.head is not None:  # the state at n-1+k, which produced the row's last emitted token
+        if self.head is not None:  # the state at n-1+k, which produced the row's last emitted token (the
+            # advanced index gathers a copy)
             self._keep_states(seqs, hidden[torch.arange(b, device=dev), accepted], num_accepted)
         for s, k in zip(seqs, num_accepted, strict=True):
             s.target.num_computed = s.length + g
