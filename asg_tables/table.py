@@ -60,6 +60,7 @@ class ASGTable:
             raise ValueError("every token must belong to at least one group")
         self.inv_owners = 1.0 / self.num_owners.double()  # w_{k,t} = 1/N(t): Float64[V]
         self._coarse_matrix: torch.Tensor | None = None
+        self._entries: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
@@ -103,6 +104,16 @@ class ASGTable:
     def group_sizes(self) -> torch.Tensor:  # Long[M]
         return self._g_indptr[1:] - self._g_indptr[:-1]
 
+    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memberships in CSR order, beside `group_members`: (group of each, Long[nnz]; its weight
+        w_{k,t} = 1/N(t), Float64[nnz]). Built once."""
+        if self._entries is None:
+            group_of_entry = torch.repeat_interleave(
+                torch.arange(self.num_groups, device=self.device), self.group_sizes(),
+                output_size=self._g_members.shape[0])
+            self._entries = (group_of_entry, self.inv_owners[self._g_members])
+        return self._entries
+
     def to(self, device: torch.device | str) -> ASGTable:
         return ASGTable(
             self.vocab_size,
@@ -134,12 +145,8 @@ class ASGTable:
         if method == "sparse":
             out = (self._coarse_weights(dtype) @ flat.to(dtype).T).T  # [R, M]
         elif method == "index_add":
-            group_of_entry = torch.repeat_interleave(
-                torch.arange(self.num_groups, device=self.device),
-                self.group_sizes(),
-                output_size=self._g_members.shape[0],
-            )
-            weighted = flat.to(dtype)[:, self._g_members] * self.inv_owners[self._g_members].to(dtype)
+            group_of_entry, weight = self.entries()
+            weighted = flat.to(dtype).index_select(1, self._g_members) * weight.to(dtype)
             out = torch.zeros(flat.shape[0], self.num_groups, dtype=dtype, device=flat.device)
             out.index_add_(1, group_of_entry, weighted)
         else:
@@ -179,11 +186,16 @@ class ASGTable:
             0, seg, vals
         )
 
-    def draw_label(self, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """K ~ w_{·,t} (uniform over S(t) under the equal split) per token; u: uniforms shaped like tokens."""
-        n = self.num_owners[tokens]
-        pick = self._t_indptr[tokens] + torch.minimum((u * n).long(), n - 1)
-        return self._t_groups[pick]
+    def draw_label(self, tokens: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K ~ w_{·,t} (uniform over S(t) under the equal split) per token, from uniforms u shaped like tokens
+        (Float64): K is the ⌊u·N(t)⌋-th group of S(t). Returns (K, the fractional part of u·N(t)), the latter
+        again uniform on [0, 1) and independent of K, so one uniform serves a label and a test (with N(t) = 1
+        it is u itself)."""
+        n = torch.take(self.num_owners, tokens)
+        scaled = u * n
+        slot = torch.minimum(scaled.floor(), n - 1)  # u·N(t) can round up to N(t)
+        pick = torch.take(self._t_indptr, tokens) + slot.long()
+        return torch.take(self._t_groups, pick), scaled.sub_(slot)
 
     def segments(self, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(segment id, member token) for the members of each group in Long[R] (ragged, concatenated)."""

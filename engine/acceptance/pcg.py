@@ -77,21 +77,21 @@ class PCGRule(AcceptanceRule):
             raise ValueError(f"probs over {draft_probs.shape[-1]} tokens, ASG table over {table.vocab_size}")
         b, g = draft_tokens.shape
         device = draft_probs.device
-        # Random draws in the token-level rules' order (acceptance uniforms, then one emission uniform per
-        # row), then the group-only draws, so that with singleton groups PCG replays `exact` draw for draw.
+        # The token-level rules' draws (acceptance uniforms, then one emission uniform per row), so that with
+        # singleton groups PCG replays `exact` draw for draw.
         u_accept = uniform((b, g), generator, device)
         u_emit = uniform((b,), generator, device)
-        u_label = uniform((b, g), generator, device)
-        # 1-2. group labels and the coarse acceptance test, for all B·γ positions at once
-        labels = table.draw_label(draft_tokens, u_label)  # [B, γ]
+        # 1-2. group labels and the coarse acceptance test, for all B·γ positions at once; each position's
+        # uniform gives both its label and its test's uniform
+        labels, u_test = table.draw_label(draft_tokens, u_accept)  # [B, γ] each
         if self.residual == "enumerate" and table.vocab_size <= DENSE_COARSE_MAX_V:
-            return self._verify_small(table, draft_tokens, draft_probs, target_probs, labels, u_accept,
+            return self._verify_small(table, draft_tokens, draft_probs, target_probs, labels, u_test,
                                       u_emit, generator)
         bi = torch.arange(b, device=device).repeat_interleave(g)
         pi = torch.arange(g, device=device).repeat(b)
         p_c = table.group_mass(draft_probs, (bi, pi), labels.flatten()).view(b, g)
         q_c = table.group_mass(target_probs, (bi, pi), labels.flatten()).view(b, g)
-        num_accepted = count_accepted(u_accept * p_c < q_c)  # u < Q_c/P_c
+        num_accepted = count_accepted(u_test * p_c < q_c)  # u < Q_c/P_c
         if self.residual == "enumerate":
             last_token, last_group = self._enumerated_emission(
                 table, draft_probs, target_probs, num_accepted, u_emit, generator)
@@ -118,7 +118,7 @@ class PCGRule(AcceptanceRule):
             last_token[rejected], last_group[rejected] = tokens, groups
         return assemble(draft_tokens, num_accepted, last_token, lambda: (labels, last_group))
 
-    def _verify_small(self, table, draft_tokens, draft_probs, target_probs, labels, u_accept, u_emit,
+    def _verify_small(self, table, draft_tokens, draft_probs, target_probs, labels, u_test, u_emit,
                       generator) -> Verdict:
         """The same verdict for small tables with few ops (at this size a step costs its op count, not its
         arithmetic): the labels' masses from every group's members as one padded matrix, the emission
@@ -130,7 +130,7 @@ class PCGRule(AcceptanceRule):
         both = torch.stack([draft_probs, target_probs[:, :g]])  # [2, B, γ, V]
         members_both = label_members.expand(2, *label_members.shape)
         p_c, q_c = (torch.gather(both, 3, members_both).double() * label_weights).sum(-1)  # [B, γ] each
-        num_accepted = count_accepted(u_accept * p_c < q_c)
+        num_accepted = count_accepted(u_test * p_c < q_c)
         # emission position n_b: group ~ norm[Q_c - P_c]_+ (P_c = 0 at the bonus slot), token ~ q within it;
         # Q_c - P_c is the coarse-graining of q - p (linear)
         # q - p at every position (p = 0 at the bonus slot), then each row's emission position
@@ -198,13 +198,13 @@ class PCGRule(AcceptanceRule):
                 break
             n = pending.numel()
             self.stats["thinning_trials"] += n * t
-            u = uniform((3, n, t), generator, device)
+            u = uniform((2, n, t), generator, device)
             y = sample_rows(q if n == r else q[pending], generator, u=u[0])  # [n, T], y ~ q
-            k = table.draw_label(y, u[1])  # [n, T]
+            k, u_keep = table.draw_label(y, u[1])  # [n, T] each
             rows = pending.repeat_interleave(t)
             q_c = table.group_mass(q, (rows,), k.flatten()).view(n, t)
             p_c = table.group_mass(p, (rows,), k.flatten()).view(n, t)
-            ok = u[2] * q_c < q_c - p_c  # keep with probability [Q_c - P_c]_+ / Q_c
+            ok = u_keep * q_c < q_c - p_c  # keep with probability [Q_c - P_c]_+ / Q_c
             done = ok.any(dim=1)
             first = ok.long().argmax(dim=1)  # first successful trial: trials are i.i.d., so this is exact
             chosen = pending[done]

@@ -39,9 +39,10 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator | RowGenerators |
 
 
 BLOCK = 256  # tokens per block of the two-level inverse CDF
-# Up to this many categories one float64 cumulative sum per row is cheaper than the two levels (about 20
-# small ops per draw, which dominate at the demo vocabulary of 1,200 and its ~1,100 groups).
-SINGLE_PASS_MAX_V = 16 * BLOCK
+# Up to this many weights in all (rows x categories) one float64 cumulative sum is cheaper than the two levels
+# (about 20 small ops, ~160 µs on a 2.6 GHz Xeon core: more than a 65,536-long cumulative sum for one row, or
+# an 8,192-long one for six; beyond that the float64 copy of every row costs more).
+SINGLE_PASS_MAX_ELEMENTS = 1 << 16
 
 
 def sample_rows(
@@ -59,7 +60,7 @@ def sample_rows(
         u = uniform((r,), generator, weights.device)
     single = u.dim() == 1
     u = u.reshape(r, -1)  # [R, T]
-    if v <= SINGLE_PASS_MAX_V:  # small vocabularies: one cumulative sum beats gathering blocks per draw
+    if r * v <= SINGLE_PASS_MAX_ELEMENTS:  # one cumulative sum beats gathering blocks per draw
         cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # [R, V]
         idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
         # u * total rounding up to the total lands past the last positive weight (idx == V, the only way

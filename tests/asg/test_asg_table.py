@@ -40,8 +40,10 @@ def test_group_mass_and_label_draws_agree_with_coarse():
     torch.testing.assert_close(mass.float(), table.coarse(probs)[rows, groups])
     # K ~ uniform over S(t): token 2 is in groups 0 and 1
     u = torch.linspace(0, 0.999, 1000, dtype=torch.float64)
-    labels = table.draw_label(torch.full((1000,), 2), u)
+    labels, rest = table.draw_label(torch.full((1000,), 2), u)
     assert labels.bincount().tolist() == [500, 500]
+    # the fractional part of u·N(t) is again uniform, whichever label was drawn
+    torch.testing.assert_close(rest, (2 * u) % 1.0)
 
 
 def test_save_load_round_trip(tmp_path):
