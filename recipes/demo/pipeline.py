@@ -62,7 +62,7 @@ class RecipeConfig:
     draft_init: Path | None = None  # a wider draft of the same target to project and fine-tune from
     draft_lr: float = 6e-3
     head_steps: int = 2000  # the feature head's training (recipes/demo/train_draft_head.py)
-    head_inner: int = 1024
+    head_inner: int = 384  # FFN width: 1,024 accepts ~3% more per step but costs 1.6x per draft step
     head_minutes: float | None = None
     duration_steps: int = 2500
     workers: int = 2

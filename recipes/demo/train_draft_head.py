@@ -79,7 +79,7 @@ def target_states(target: LlamaForCausalLM, batch: dict) -> torch.Tensor:
 
 
 def train_head(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *,
-               inner: int = 1024, blocks: int = 1, unroll: int = 4, steps: int = 2000, batch_size: int = 12,
+               inner: int = 384, blocks: int = 1, unroll: int = 4, steps: int = 2000, batch_size: int = 12,
                lr: float = 3e-3, seed: int = 11, time_budget_min: float | None = None) -> FeatureHeadModule:
     """Train (or resume) a head in out_dir; returns it in eval mode."""
     out_dir.mkdir(parents=True, exist_ok=True)
