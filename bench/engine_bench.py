@@ -1,7 +1,8 @@
 """Engine throughput: target-only, `exact` and `pcg` speculative decoding at several batch sizes, side by
 side in one run, plus Hugging Face `transformers.generate` on the same target as a reference.
 
-Modes run round-robin within each repeat (machines here are noisy) and the median wall time is reported.
+Modes run round-robin within each repeat (machines here are noisy) and the median wall time is reported;
+vLLM's CPU build (bench/vllm_peer.py, its own environment) runs once before and once after them.
 Without --target a random pair of the --shape is built in a temporary directory and the report says so:
 `tiny` is a target of 6 layers at d=384 with a 1-layer draft, `llasa-1b` the Llasa-1B shape (16 layers,
 d=2048, GQA 32/8, 193,800 tokens, tied) with a 2-layer draft. The draft shares the target's embeddings,
@@ -145,19 +146,21 @@ DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
 VLLM_PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
 
 
-def run_vllm_peer(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]]) -> list[dict]:
-    """vLLM target-only (and its draft-model speculation when there is a draft) at every batch size."""
+def vllm_job(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]]) -> dict:
+    return {"target": str(Path(setup.target).resolve()),
+            "draft": str(Path(setup.draft).resolve()) if setup.draft and "exact" in args.modes else None,
+            "gamma": args.gamma, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "top_p": args.top_p, "repeats": args.repeats, "eager": args.vllm_eager,
+            "prompts": prompts_by_batch}
+
+
+def run_vllm_round(args, job: dict) -> dict | str:
+    """One run of bench/vllm_peer.py (every mode and batch size, `repeats` each): its result, or why not."""
     import subprocess
 
     python = args.vllm_python
     if python is None or not Path(python).exists():
-        reason = f"vLLM's CPU environment not found at {python} (make install-vllm-peer); not measured"
-        return [{"mode": "vllm-cpu", "batch": b, "skipped": reason} for b in args.batch_sizes]
-    job = {"target": str(Path(setup.target).resolve()),
-           "draft": str(Path(setup.draft).resolve()) if setup.draft and "exact" in args.modes else None,
-           "gamma": args.gamma, "max_tokens": args.max_tokens, "temperature": args.temperature,
-           "top_p": args.top_p, "repeats": args.repeats, "eager": args.vllm_eager,
-           "prompts": prompts_by_batch}
+        return f"vLLM's CPU environment not found at {python} (make install-vllm-peer); not measured"
     env = dict(os.environ)
     if args.threads:  # the same torch thread count as our runners
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -165,21 +168,33 @@ def run_vllm_peer(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list
                           text=True, env=env, timeout=3600)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        reason = f"vLLM peer failed (exit {done.returncode}): {' | '.join(tail)}"
-        return [{"mode": "vllm-cpu", "batch": b, "skipped": reason} for b in args.batch_sizes]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+        return f"vLLM peer failed (exit {done.returncode}): {' | '.join(tail)}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def vllm_rows(args, setup: BenchSetup, job: dict, rounds: list[dict | str]) -> list[dict]:
+    """vLLM's rows from its rounds (run before and after our runners: vLLM keeps a core spinning while it is
+    loaded, so it cannot take turns with them in one process; bracketing them cancels a steady drift of the
+    machine). Per mode and batch size, the median over every round's repeats."""
+    failed = next((r for r in rounds if isinstance(r, str)), None)
+    if failed:
+        return [{"mode": "vllm-cpu", "batch": b, "skipped": failed} for b in args.batch_sizes]
     rows = []
-    for r in result["rows"]:
-        med = statistics.median(r["times_s"])
-        prompts = job["prompts"][r["batch"]]
-        rows.append({"mode": r["mode"], "batch": r["batch"], "tokens": r["tokens"], "median_s": med,
-                     "tokens_per_s": r["tokens"] / med, "cpu_per_wall": statistics.median(r["cpu_s"]) / med,
-                     "times_s": r["times_s"], "acceptance_rate": r["acceptance_rate"],
-                     "mean_accepted_len": None,
-                     "unlikely_token_share": unlikely_token_share(setup.target, prompts, r["samples"],
-                                                                  args.temperature),
-                     "peer": f"vllm-cpu {result['version']}"
-                             + (", CPU expand fallback patched (temperatures)" if result["patched"] else "")})
+    peer = f"vllm-cpu {rounds[0]['version']}" + (", CPU expand fallback patched (temperatures)"
+                                                 if rounds[0]["patched"] else "")
+    for parts in zip(*(r["rows"] for r in rounds), strict=True):
+        first, last = parts[0], parts[-1]
+        times = [t for part in parts for t in part["times_s"]]
+        cpu = [c for part in parts for c in part["cpu_s"]]
+        med = statistics.median(times)
+        rates = [part["acceptance_rate"] for part in parts if part["acceptance_rate"] is not None]
+        rows.append({"mode": first["mode"], "batch": first["batch"], "tokens": first["tokens"],
+                     "median_s": med, "tokens_per_s": first["tokens"] / med,
+                     "cpu_per_wall": statistics.median(cpu) / med, "times_s": times, "rounds": len(parts),
+                     "acceptance_rate": statistics.mean(rates) if rates else None, "mean_accepted_len": None,
+                     "unlikely_token_share": unlikely_token_share(
+                         setup.target, job["prompts"][first["batch"]], last["samples"], args.temperature),
+                     "peer": peer})
     return rows
 
 
@@ -448,8 +463,12 @@ def main(args) -> int:
             setup.description += f"; ASG table built from the target's embeddings at θ={theta}"
         print(setup.description)
         prompts_by_batch = prompt_sets(args, setup)
+        job = vllm_job(args, setup, prompts_by_batch)
+        before = run_vllm_round(args, job)
         rows = run_bench(args, setup, prompts_by_batch)
-        rows += with_speedups(run_vllm_peer(args, setup, prompts_by_batch), rows)
+        # a second round only if the first ran (a missing environment is reported once)
+        rounds = [before] if isinstance(before, str) else [before, run_vllm_round(args, job)]
+        rows += with_speedups(vllm_rows(args, setup, job, rounds), rows)
     print(format_rows(rows))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -34,3 +34,30 @@ def test_engine_bench_rows_and_missing_vllm_peer(tmp_path):
     table = (out / "table.md").read_text()
     assert table.count("| 2 | exact |") == 1 and "skipped: vLLM's CPU environment not found" in table
     assert (out / "engine.png").stat().st_size > 0
+
+
+def test_vllm_rounds_before_and_after_ours_merge_into_one_median():
+    """vLLM runs once before and once after our runners; its row is the median over both rounds' repeats,
+    and one failed round turns every vLLM row into a skip with its reason."""
+    from argparse import Namespace
+
+    from bench.engine_bench import BenchSetup, vllm_rows
+
+    args = Namespace(batch_sizes=[1], temperature=0.8)
+    setup = BenchSetup(BUNDLE / "target", None, None, "demo")
+    job = {"prompts": {1: [[1, 2, 3]]}}
+
+    def round_of(times, cpu, rate):
+        return {"version": "0.32.0", "patched": True, "rows": [
+            {"mode": "vllm-cpu-spec", "batch": 1, "tokens": 8, "times_s": times, "cpu_s": cpu,
+             "samples": [[200, 201, 202, 203]], "acceptance_rate": rate}]}
+
+    rows = vllm_rows(args, setup, job, [round_of([1.0, 1.2, 5.0], [2.0, 2.4, 10.0], 0.2),
+                                        round_of([2.0, 2.2, 2.4], [4.0, 4.4, 4.8], 0.4)])
+    (row,) = rows
+    assert row["rounds"] == 2 and row["times_s"] == [1.0, 1.2, 5.0, 2.0, 2.2, 2.4]
+    assert row["median_s"] == 2.1 and row["tokens_per_s"] == 8 / 2.1
+    assert abs(row["cpu_per_wall"] - 4.2 / 2.1) < 1e-12 and abs(row["acceptance_rate"] - 0.3) < 1e-12
+    assert "patched" in row["peer"] and 0 <= row["unlikely_token_share"] <= 1
+    failed = vllm_rows(args, setup, job, [round_of([1.0], [2.0], None), "vLLM peer failed (exit 1): oom"])
+    assert failed == [{"mode": "vllm-cpu", "batch": 1, "skipped": "vLLM peer failed (exit 1): oom"}]
