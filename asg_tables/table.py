@@ -60,7 +60,6 @@ class ASGTable:
             raise ValueError("every token must belong to at least one group")
         self.inv_owners = 1.0 / self.num_owners.double()  # w_{k,t} = 1/N(t): Float64[V]
         self._coarse_matrix: torch.Tensor | None = None
-        self._entries: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
@@ -104,16 +103,6 @@ class ASGTable:
     def group_sizes(self) -> torch.Tensor:  # Long[M]
         return self._g_indptr[1:] - self._g_indptr[:-1]
 
-    def entries(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The memberships in CSR order, beside `group_members`: (group of each, Long[nnz]; its weight
-        w_{k,t} = 1/N(t), Float64[nnz]). Built once."""
-        if self._entries is None:
-            group_of_entry = torch.repeat_interleave(
-                torch.arange(self.num_groups, device=self.device), self.group_sizes(),
-                output_size=self._g_members.shape[0])
-            self._entries = (group_of_entry, self.inv_owners[self._g_members])
-        return self._entries
-
     def to(self, device: torch.device | str) -> ASGTable:
         return ASGTable(
             self.vocab_size,
@@ -145,8 +134,12 @@ class ASGTable:
         if method == "sparse":
             out = (self._coarse_weights(dtype) @ flat.to(dtype).T).T  # [R, M]
         elif method == "index_add":
-            group_of_entry, weight = self.entries()
-            weighted = flat.to(dtype).index_select(1, self._g_members) * weight.to(dtype)
+            group_of_entry = torch.repeat_interleave(
+                torch.arange(self.num_groups, device=self.device),
+                self.group_sizes(),
+                output_size=self._g_members.shape[0],
+            )
+            weighted = flat.to(dtype)[:, self._g_members] * self.inv_owners[self._g_members].to(dtype)
             out = torch.zeros(flat.shape[0], self.num_groups, dtype=dtype, device=flat.device)
             out.index_add_(1, group_of_entry, weighted)
         else:
