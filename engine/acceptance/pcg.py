@@ -10,6 +10,7 @@ Per draft position i (q = target, p = draft, equal-split weights w_{k,t} = 1/N(t
      the output is exact either way;
   4. after γ acceptances the bonus token is a plain sample of q_{γ+1} (group label -1).
 The emitted label is distributed exactly as Q_c at every step; within a group the accepted token follows p.
+Small tables verify on the CPU with the compiled loop of pcg_cpu.py; elsewhere (CUDA) with torch ops.
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ class PCGRule(AcceptanceRule):
     uses_asg_table = True
 
     def __init__(self, table: ASGTable | str, thinning_trials: int = 4, thinning_rounds: int = 8,
-                 residual: str = "auto", enumerate_max_nnz: int = 1 << 16):
+                 residual: str = "auto", enumerate_max_nnz: int = 1 << 16, compiled: bool = True):
         """residual: how a rejected (or bonus) position's token is drawn, both exact in distribution:
         "thinning" (the paper's: O(|G|) per trial, for large tables), "enumerate" (Q_c, P_c over all groups
         with `coarse`: O(nnz) per row, cheap for small tables; with an all-singleton table whose group k is
         token k it consumes the generator exactly as `exact` does, so the two give identical tokens), or
         "auto" (enumerate when the table has at most max(`enumerate_max_nnz`, 2·vocab_size) memberships:
         then enumeration costs about what the token-level rules' O(V) residual does, while for Llasa-size
-        tables with real groups it is 5-10x slower than thinning; see bench/verify_speed.py)."""
+        tables with real groups it is 5-10x slower than thinning; see bench/verify_speed.py).
+        compiled: verify small tables on CPU tensors with the compiled loop of pcg_cpu.py (same draws, same
+        verdict up to float rounding); False keeps the torch ops every device runs."""
         self.table = ASGTable.load(table) if isinstance(table, str) else table
         self.thinning_trials = int(thinning_trials)
         self.thinning_rounds = int(thinning_rounds)
@@ -56,6 +59,10 @@ class PCGRule(AcceptanceRule):
             small = self.table.group_members.numel() <= max(enumerate_max_nnz, 2 * self.table.vocab_size)
             residual = "enumerate" if small else "thinning"
         self.residual = residual
+        self.compiled = bool(compiled)
+        self._compiled_for: tuple[ASGTable, object] | None = None
+        if self.compiled and self.table.device.type == "cpu" and self._small(self.table):
+            self._compiled(self.table)  # compile now (engine start-up), not in the first request
         # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
         self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
         self._starts: dict[tuple[int, int, torch.device], torch.Tensor] = {}
@@ -75,6 +82,10 @@ class PCGRule(AcceptanceRule):
         table = self._table_on(draft_probs.device)
         if draft_probs.shape[-1] != table.vocab_size:
             raise ValueError(f"probs over {draft_probs.shape[-1]} tokens, ASG table over {table.vocab_size}")
+        if self.compiled and draft_probs.device.type == "cpu" and self._small(table):
+            tokens, groups, num_accepted = self._compiled(table).verify(
+                draft_tokens, draft_probs, target_probs, generator)
+            return Verdict(tokens, num_accepted, groups)
         b, g = draft_tokens.shape
         device = draft_probs.device
         # The token-level rules' draws (acceptance uniforms, then one emission uniform per row), so that with
@@ -84,7 +95,7 @@ class PCGRule(AcceptanceRule):
         # 1-2. group labels and the coarse acceptance test, for all B·γ positions at once; each position's
         # uniform gives both its label and its test's uniform
         labels, u_test = table.draw_label(draft_tokens, u_accept)  # [B, γ] each
-        if self.residual == "enumerate" and table.vocab_size <= DENSE_COARSE_MAX_V:
+        if self._small(table):
             return self._verify_small(table, draft_tokens, draft_probs, target_probs, labels, u_test,
                                       u_emit, generator)
         bi = torch.arange(b, device=device).repeat_interleave(g)
@@ -117,6 +128,18 @@ class PCGRule(AcceptanceRule):
             )
             last_token[rejected], last_group[rejected] = tokens, groups
         return assemble(draft_tokens, num_accepted, last_token, lambda: (labels, last_group))
+
+    def _small(self, table: ASGTable) -> bool:
+        return self.residual == "enumerate" and table.vocab_size <= DENSE_COARSE_MAX_V
+
+    def _compiled(self, table: ASGTable):
+        """The compiled CPU verify for `table`, built once per table (the first build in a process compiles
+        the loop, or loads it from numba's disk cache: ~1 s / ~0.2 s)."""
+        if self._compiled_for is None or self._compiled_for[0] is not table:
+            from engine.acceptance.pcg_cpu import CompiledPCG
+
+            self._compiled_for = (table, CompiledPCG(table))
+        return self._compiled_for[1]
 
     def _verify_small(self, table, draft_tokens, draft_probs, target_probs, labels, u_test, u_emit,
                       generator) -> Verdict:

@@ -54,8 +54,8 @@ def joint_closed_form(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torc
 @pytest.mark.parametrize(
     "params",
     [{"residual": "thinning"}, {"residual": "thinning", "thinning_trials": 1, "thinning_rounds": 1},
-     {"residual": "enumerate"}],
-    ids=["thinning", "mostly-fallback", "enumerate"],
+     {"residual": "enumerate"}, {"residual": "enumerate", "compiled": False}],
+    ids=["thinning", "mostly-fallback", "enumerate-compiled", "enumerate-torch-ops"],
 )
 def test_first_label_and_joint_follow_closed_forms(params):
     table = ASGTable.from_groups(GROUPS, V)
@@ -112,15 +112,17 @@ def test_singleton_groups_reduce_to_exact():
     assert torch.equal(verdict.groups[labelled], verdict.tokens[labelled])  # group k = {k}
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch-ops"])
 @pytest.mark.parametrize("vocab", [V, 1500])  # 1,500 > 4 blocks: the two-level sampler's path too
-def test_singleton_groups_replay_exact_draw_for_draw(vocab):
-    """With group k = {k}, enumerated PCG consumes the generator as `exact` does: identical verdicts."""
+def test_singleton_groups_replay_exact_draw_for_draw(vocab, compiled):
+    """With group k = {k}, enumerated PCG draws what `exact` draws (and one more uniform per row, for the
+    token inside the group): identical verdicts."""
     table = ASGTable.from_groups([], vocab)
     p, q = random_dist(vocab, 21), random_dist(vocab, 22)
     rows = 4000
     draft_probs, target_probs = batch_of(p, rows, GAMMA), batch_of(q, rows, GAMMA + 1)
     drafts = sample_drafts(draft_probs, 600)
-    pcg = make_rule("pcg", table=table, residual="enumerate")
+    pcg = make_rule("pcg", table=table, residual="enumerate", compiled=compiled)
     exact = make_rule("exact")
     got = pcg.verify(drafts, draft_probs, target_probs, torch.Generator().manual_seed(7))
     want = exact.verify(drafts, draft_probs, target_probs, torch.Generator().manual_seed(7))
@@ -141,3 +143,30 @@ def test_labels_hold_their_tokens_and_bonus_is_unlabelled():
     labelled = emitted & ~bonus
     assert bool(member[verdict.groups[labelled], verdict.tokens[labelled]].all())
     assert chi2_pvalue(verdict.tokens[verdict.num_accepted == GAMMA, GAMMA], q) > ALPHA
+
+
+@pytest.mark.parametrize("batch", [1, 6, 64])
+def test_compiled_verify_matches_torch_ops(batch):
+    """The compiled CPU loop and the torch ops CUDA runs give the same verdicts from the same seeds: tokens,
+    accepted counts and group labels, over real overlapping groups (the demo bundle's size of vocabulary),
+    near and far drafts (so rejections, bonus tokens and every position occur)."""
+    vocab, gamma = 1200, 3
+    gen = torch.Generator().manual_seed(batch)
+    near = torch.randint(0, vocab, (vocab,), generator=gen)
+    groups = [[t, int(near[t]), int(near[near[t]])] for t in range(0, vocab, 2)]
+    table = ASGTable.from_groups(groups, vocab)
+    compiled = make_rule("pcg", table=table, residual="enumerate")
+    torch_ops = make_rule("pcg", table=table, residual="enumerate", compiled=False)
+    counts = torch.zeros(gamma + 1, dtype=torch.long)
+    for step in range(40):
+        target_logits = 3 * torch.randn(batch, gamma + 1, vocab, generator=gen)
+        noise = (0.3 if step % 2 else 3.0) * torch.randn(batch, gamma, vocab, generator=gen)
+        q, p = target_logits.softmax(-1), (target_logits[:, :gamma] + noise).softmax(-1)
+        drafts = sample_drafts(p, step)
+        got = compiled.verify(drafts, p, q, torch.Generator().manual_seed(step))
+        want = torch_ops.verify(drafts, p, q, torch.Generator().manual_seed(step))
+        assert torch.equal(got.num_accepted, want.num_accepted)
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.groups, want.groups)
+        counts += torch.bincount(got.num_accepted, minlength=gamma + 1)
+    assert bool((counts > 0).all())  # every accepted count, from a rejection at 0 to the bonus token
