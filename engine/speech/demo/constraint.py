@@ -22,9 +22,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from engine.speech.base import DecodeConstraint
+from engine.speech.demo.constraint_cpu import merge_markers_cpu
 from engine.speech.demo.layout import END, DemoVocab
 
 
@@ -131,7 +133,8 @@ class MarkerMergeConstraint(DecodeConstraint):
 
     @classmethod
     def apply_rows(cls, constraints, logits, histories):
-        """logits [R, P, V] -> [R, P, V] in a fixed number of tensor ops whatever R and P."""
+        """logits [R, P, V] -> [R, P, V]: one compiled loop over the rows on CPU (float32), else a fixed
+        number of tensor ops whatever R and P."""
         first = constraints[0]
         if any(c._vocab_key != first._vocab_key for c in constraints):  # other vocabularies: one at a time
             return super().apply_rows(constraints, logits, histories)
@@ -144,16 +147,31 @@ class MarkerMergeConstraint(DecodeConstraint):
             forced += f
             held += hd
         merge_cols, closed = first._masks(logits.device)
-        neg_inf = torch.finfo(logits.dtype).min
-        # over the marker columns only (M of V): the same sum as masking the rest to -inf, at M/V the cost
-        merged = torch.logsumexp(flat.index_select(1, merge_cols), dim=-1, keepdim=True).to(flat.dtype)
-        if any(forced) or any(held):  # rare (a phoneme at its cap or under its minimum): two more masks
-            forced_rows = torch.tensor(forced, device=logits.device)[:, None]  # Bool[R P, 1]
-            out = flat.masked_fill(closed | forced_rows, neg_inf)
-            held_rows = torch.tensor(held, device=logits.device)[:, None]
-            merged = merged.masked_fill(forced_rows, 0.0).masked_fill_(held_rows, neg_inf)
+        if flat.device.type == "cpu" and flat.dtype == torch.float32:
+            flat = flat.contiguous()
+            out = torch.empty_like(flat)
+            merge_markers_cpu(flat.numpy(), merge_cols.numpy(), closed.numpy(),
+                              np.array(targets, dtype=np.int64), np.array(forced, dtype=bool),
+                              np.array(held, dtype=bool), torch.finfo(flat.dtype).min, out.numpy())
         else:
-            out = flat.masked_fill(closed, neg_inf)
-        # the merged mass onto each position's expected marker: [R P, V]
-        out.scatter_(1, torch.tensor(targets, device=logits.device)[:, None], merged)
+            out = merge_markers_torch(flat, merge_cols, closed, targets, forced, held)
         return out.view(r, p, v)
+
+
+def merge_markers_torch(flat: torch.Tensor, merge_cols: torch.Tensor, closed: torch.Tensor,
+                        targets: list[int], forced: list[bool], held: list[bool]) -> torch.Tensor:
+    """The marker merge of N rows in a fixed number of tensor ops: flat [N, V] -> [N, V] (constraint_cpu.py
+    has the same on CPU float32 as one compiled loop). merge_cols Long[M]: marker columns and <end>;
+    closed Bool[V]: those and the blocked specials; targets, forced, held: per row, from `_plan`."""
+    neg_inf = torch.finfo(flat.dtype).min
+    # over the marker columns only (M of V): the same sum as masking the rest to -inf, at M/V the cost
+    merged = torch.logsumexp(flat.index_select(1, merge_cols), dim=-1, keepdim=True).to(flat.dtype)
+    if any(forced) or any(held):  # rare (a phoneme at its cap or under its minimum): two more masks
+        forced_rows = torch.tensor(forced, device=flat.device)[:, None]  # Bool[N, 1]
+        out = flat.masked_fill(closed | forced_rows, neg_inf)
+        held_rows = torch.tensor(held, device=flat.device)[:, None]
+        merged = merged.masked_fill(forced_rows, 0.0).masked_fill_(held_rows, neg_inf)
+    else:
+        out = flat.masked_fill(closed, neg_inf)
+    # the merged mass onto each position's expected marker: [N, V]
+    return out.scatter_(1, torch.tensor(targets, device=flat.device)[:, None], merged)
