@@ -16,6 +16,7 @@ import torch
 from engine.acceptance import logits_to_probs
 from engine.acceptance.sampling import sample_rows
 from engine.acceptance.warp import GREEDY_EPS
+from engine.sampling_cpu import softmax_draw_cpu
 from engine.sequence import Sequence
 
 
@@ -41,6 +42,8 @@ class BatchSampler:
         self._temperature_only = all(p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size
                                      and p.top_p >= 1.0 for p in params)
         self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
+        # softmax and draw in one compiled loop (sampling_cpu.py) where both are plain: CPU, temperature only
+        self._compiled_draw = self._temperature_only and torch.device(device).type == "cpu"
         if not self._temperature_only:  # made once per step, used by every probs() call
             self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
             self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -70,6 +73,27 @@ class BatchSampler:
         if self._temperature_only:
             return torch.softmax(logits.float() / self._temperature_col, dim=-1)
         return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def probs_and_draw(self, logits: torch.Tensor, drafts: torch.Tensor | None = None, offset: int = 0,
+                       out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [B, 1, V] -> (probs [B, V] as `probs` gives them, Long[B]: one draw per row from its own
+        generator, as `sample` draws). out: Float32[B, V] to write the probs into (e.g. one position of the
+        draft's probability buffer)."""
+        if not self._compiled_draw or logits.dtype != torch.float32:
+            probs = self.probs(logits, drafts, offset)[:, 0]
+            if out is not None:
+                probs = out.copy_(probs)
+            return probs, self.sample(probs)
+        if self.penalty is not None:
+            logits = self._penalise(logits, drafts, offset)
+        if self.constrained:
+            logits = self._constrain(logits, drafts, offset)
+        b, _, v = logits.shape
+        probs = out if out is not None else torch.empty(b, v)
+        tokens = torch.empty(b, dtype=torch.long)
+        softmax_draw_cpu(logits[:, 0].numpy(), self.temperature.numpy(), self.uniforms().numpy(),
+                         probs.numpy(), tokens.numpy())
+        return probs, tokens
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
         b, p, v = logits.shape

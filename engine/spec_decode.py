@@ -104,8 +104,7 @@ class SpeculativeDecoder:
 
     def _target_only(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
         hidden = self.target.forward_chunks([s.target for s in seqs], [s.token_ids[-1:] for s in seqs])
-        probs = sampler.probs(self.target.logits(hidden))  # [B, 1, V]
-        tokens = sampler.sample(probs[:, 0]).tolist()
+        tokens = sampler.probs_and_draw(self.target.logits(hidden))[1].tolist()
         if self.head is not None:  # the state at n-1, which produced the token sampled now (a copy)
             self._keep_states(seqs, hidden[:, -1].clone(), [0] * len(seqs))
         zeros = [0] * len(seqs)
@@ -163,9 +162,8 @@ class SpeculativeDecoder:
         states = torch.stack([s.draft_state for s in seqs])  # [B, d]
         for j in range(self.gamma):
             states = self.head(states, ids[:, j])
-            p = sampler.probs(self.target.logits(states[:, None]), drafts[:, :j], offset=j)[:, 0]  # [B, V]
-            draft_probs[:, j] = p
-            drafts[:, j] = sampler.sample(p)
+            logits = self.target.logits(states[:, None])  # [B, 1, V]
+            drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
 
     def _propose_with_draft(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
                             positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
@@ -188,9 +186,7 @@ class SpeculativeDecoder:
                 hidden = self.draft.forward(ids[:, j:j + 1], positions[:, j:j + 1], one_each, tables,
                                             meta=metas[j], states=states)
                 logits = self.draft.logits(hidden)
-            p = sampler.probs(logits, drafts[:, :j], offset=j)[:, 0]  # [B, V]
-            draft_probs[:, j] = p
-            drafts[:, j] = sampler.sample(p)
+            drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
         for s in seqs:
             s.draft.num_computed = s.length + g - 1
 
