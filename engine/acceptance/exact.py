@@ -2,13 +2,17 @@
 
 Accept x_i with probability min(1, q_i(x_i)/p_i(x_i)); at the first rejection draw from norm[q_i - p_i]_+;
 after γ acceptances draw the bonus token from q_{γ+1}. The emitted tokens are distributed exactly as q.
+On CPU tensors this runs as PCG's compiled loop over all-singleton groups (group k = {k}), which is this
+rule draw for draw: its coarse test and residual are the token-level ones (tests/acceptance).
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.acceptance.base import TokenLevelRule, token_probs
+from asg_tables.table import ASGTable
+from engine.acceptance.base import TokenLevelRule, check_shapes, token_probs
+from engine.acceptance.verdict import Verdict
 
 
 def ratio_test(
@@ -28,5 +32,24 @@ def ratio_test(
 class ExactRule(TokenLevelRule):
     name = "exact"
 
+    def __init__(self, compiled: bool = True):
+        """compiled: verify CPU tensors with the compiled loop of pcg_cpu.py over singleton groups (a fifth
+        of the torch ops' cost at the demo vocabulary); False keeps the torch ops every device runs."""
+        self.compiled = bool(compiled)
+        self._singletons: dict[int, object] = {}  # vocabulary size -> CompiledPCG over singleton groups
+
     def accept(self, draft_tokens, draft_probs, target_probs, u):
         return ratio_test(draft_tokens, draft_probs, target_probs, u)
+
+    def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
+        if not self.compiled or draft_probs.device.type != "cpu":
+            return super().verify(draft_tokens, draft_probs, target_probs, generator)
+        check_shapes(draft_tokens, draft_probs, target_probs)
+        vocab = draft_probs.shape[-1]
+        if vocab not in self._singletons:
+            from engine.acceptance.pcg_cpu import CompiledPCG
+
+            self._singletons[vocab] = CompiledPCG(ASGTable.from_groups([], vocab))
+        tokens, _, num_accepted = self._singletons[vocab].verify(draft_tokens, draft_probs, target_probs,
+                                                                 generator)
+        return Verdict(tokens, num_accepted, lambda: torch.full_like(tokens, -1))

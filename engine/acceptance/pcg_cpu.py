@@ -3,8 +3,9 @@
 At the demo vocabulary (1,200 tokens, 7,099 memberships) the arithmetic of a verify is a few thousand
 multiply-adds, while the torch-op version (`PCGRule._verify_small`, which CUDA and any other device run)
 issues ~60 small ops at 3-5 µs each: on a CPU a verify costs its op count. This loop does the same math
-with the same uniforms, in float64 throughout, so the two give the same tokens except where a uniform lands
-within rounding of a cumulative-sum step (the torch version forms q - p and the coarse residual in float32).
+with the same uniforms, so the two give the same tokens except where a uniform lands within rounding of a
+cumulative-sum step (the torch version sums the coarse residual in float32, this loop in float64; with
+singleton groups there is nothing to sum and the two agree exactly).
 
 Per row b (q = target, p = draft, w_{k,t} = 1/N(t)):
   for i < γ: K_i = the ⌊u_i·N(x_i)⌋-th group of S(x_i); accept while frac(u_i·N(x_i))·P_c(G_K) < Q_c(G_K);
@@ -86,13 +87,15 @@ def _verify_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, u_to
             accepted += 1
         num_accepted[b] = accepted
         q = target_probs[b, accepted]
-        # (q - p)(t) / N(t) per token, then its sum over each group: [Q_c - P_c]_+ (P_c = 0 at the bonus slot)
-        for t in range(vocab):
-            per_token[t] = q[t] * inv_owners[t]
+        # (q - p)(t) / N(t) per token, then its sum over each group: [Q_c - P_c]_+ (P_c = 0 at the bonus
+        # slot). q - p in float32 as the torch ops form it, so that singleton groups draw what they draw.
         if accepted < gamma:
             p = draft_probs[b, accepted]
             for t in range(vocab):
-                per_token[t] -= p[t] * inv_owners[t]
+                per_token[t] = (q[t] - p[t]) * inv_owners[t]
+        else:
+            for t in range(vocab):
+                per_token[t] = q[t] * inv_owners[t]
         total = 0.0
         for k in range(num_groups):
             mass = 0.0

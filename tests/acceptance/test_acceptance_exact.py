@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from acceptance_support import (
     ALPHA,
@@ -19,16 +20,22 @@ from engine.acceptance import Verdict, make_rule
 V, GAMMA, ROWS = 12, 3, 200_000
 
 
-def run_exact(p: torch.Tensor, q: torch.Tensor, seed: int) -> tuple[Verdict, torch.Tensor]:
+# the compiled CPU loop (the default on CPU) and the torch ops (what CUDA and the relaxed rules run)
+PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "torch-ops"])
+
+
+def run_exact(p: torch.Tensor, q: torch.Tensor, seed: int, compiled: bool = True
+              ) -> tuple[Verdict, torch.Tensor]:
     draft_probs, target_probs = batch_of(p, ROWS, GAMMA), batch_of(q, ROWS, GAMMA + 1)
     drafts = sample_drafts(draft_probs, seed)
     gen = torch.Generator().manual_seed(seed + 1)
-    return make_rule("exact").verify(drafts, draft_probs, target_probs, gen), drafts
+    return make_rule("exact", compiled=compiled).verify(drafts, draft_probs, target_probs, gen), drafts
 
 
-def test_emitted_tokens_follow_target():
+@PATHS
+def test_emitted_tokens_follow_target(compiled):
     p, q = random_dist(V, 1), random_dist(V, 2)
-    verdict, _ = run_exact(p, q, seed=10)
+    verdict, _ = run_exact(p, q, seed=10, compiled=compiled)
     first = verdict.tokens[:, 0]
     assert chi2_pvalue(first, q) > ALPHA
     # The same statistic has the power to see a 1% error in q.
@@ -38,19 +45,21 @@ def test_emitted_tokens_follow_target():
     assert chi2_pvalue(second, q) > ALPHA
 
 
-def test_acceptance_rate_and_mean_emitted_match_theory():
+@PATHS
+def test_acceptance_rate_and_mean_emitted_match_theory(compiled):
     p, q = random_dist(V, 3), random_dist(V, 4)
     alpha = float(torch.minimum(p, q).sum())
-    verdict, _ = run_exact(p, q, seed=20)
+    verdict, _ = run_exact(p, q, seed=20, compiled=compiled)
     accepted_first = (verdict.num_accepted >= 1).double()
     assert abs(z_score(accepted_first, alpha)) < Z_MAX
     expected_emitted = (1 - alpha ** (GAMMA + 1)) / (1 - alpha)
     assert abs(z_score(verdict.num_emitted, expected_emitted)) < Z_MAX
 
 
-def test_verdict_layout():
+@PATHS
+def test_verdict_layout(compiled):
     p, q = random_dist(V, 5), random_dist(V, 6)
-    verdict, drafts = run_exact(p, q, seed=30)
+    verdict, drafts = run_exact(p, q, seed=30, compiled=compiled)
     n = verdict.num_accepted
     assert verdict.tokens.shape == (ROWS, GAMMA + 1) and verdict.tokens.dtype == torch.long
     assert int(n.min()) >= 0 and int(n.max()) <= GAMMA
@@ -99,3 +108,22 @@ def test_rejects_mismatched_shapes():
         make_rule("exact").verify(torch.zeros(2, 3, dtype=torch.long), probs, probs)
     with pytest.raises(ValueError):
         make_rule("nope")
+
+
+@pytest.mark.parametrize("vocab", [V, 1200])
+def test_compiled_verify_matches_torch_ops(vocab):
+    """Same seeds, same verdicts: the compiled loop over singleton groups is the token-level rule. Calls of
+    32 rows, so that the torch ops draw with one cumulative sum, as the loop does (the two-level sampler of
+    larger calls rounds differently and may move a draw that lands within rounding of a step)."""
+    p, q = random_dist(vocab, 10), random_dist(vocab, 11)
+    rows = 32
+    draft_probs, target_probs = batch_of(p, rows, GAMMA), batch_of(q, rows, GAMMA + 1)
+    compiled, torch_ops = make_rule("exact"), make_rule("exact", compiled=False)
+    seen = set()
+    for call in range(300):
+        drafts = sample_drafts(draft_probs, call)
+        got = compiled.verify(drafts, draft_probs, target_probs, torch.Generator().manual_seed(call))
+        want = torch_ops.verify(drafts, draft_probs, target_probs, torch.Generator().manual_seed(call))
+        assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+        seen |= set(got.num_accepted.tolist())
+    assert seen == set(range(GAMMA + 1))

@@ -147,9 +147,11 @@ def test_labels_hold_their_tokens_and_bonus_is_unlabelled():
 
 @pytest.mark.parametrize("batch", [1, 6, 64])
 def test_compiled_verify_matches_torch_ops(batch):
-    """The compiled CPU loop and the torch ops CUDA runs give the same verdicts from the same seeds: tokens,
-    accepted counts and group labels, over real overlapping groups (the demo bundle's size of vocabulary),
-    near and far drafts (so rejections, bonus tokens and every position occur)."""
+    """The compiled CPU loop and the torch ops CUDA runs give the same verdicts from the same seeds, over real
+    overlapping groups (the demo bundle's size of vocabulary), near and far drafts (so rejections, bonus
+    tokens and every position occur): the same accepted counts always (both test in float64), the same
+    emitted token and group but where a draw lands within float32 rounding of a step of the residual's
+    cumulative sum (the torch ops sum groups in float32, the loop in float64): at most 1 row in 1,000."""
     vocab, gamma = 1200, 3
     gen = torch.Generator().manual_seed(batch)
     near = torch.randint(0, vocab, (vocab,), generator=gen)
@@ -158,6 +160,7 @@ def test_compiled_verify_matches_torch_ops(batch):
     compiled = make_rule("pcg", table=table, residual="enumerate")
     torch_ops = make_rule("pcg", table=table, residual="enumerate", compiled=False)
     counts = torch.zeros(gamma + 1, dtype=torch.long)
+    differing = 0
     for step in range(40):
         target_logits = 3 * torch.randn(batch, gamma + 1, vocab, generator=gen)
         noise = (0.3 if step % 2 else 3.0) * torch.randn(batch, gamma, vocab, generator=gen)
@@ -166,7 +169,7 @@ def test_compiled_verify_matches_torch_ops(batch):
         got = compiled.verify(drafts, p, q, torch.Generator().manual_seed(step))
         want = torch_ops.verify(drafts, p, q, torch.Generator().manual_seed(step))
         assert torch.equal(got.num_accepted, want.num_accepted)
-        assert torch.equal(got.tokens, want.tokens)
-        assert torch.equal(got.groups, want.groups)
+        differing += int(((got.tokens != want.tokens) | (got.groups != want.groups)).any(1).sum())
         counts += torch.bincount(got.num_accepted, minlength=gamma + 1)
+    assert differing <= 40 * batch // 1000
     assert bool((counts > 0).all())  # every accepted count, from a rejection at 0 to the bonus token
