@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 
-from numba import njit
+from engine.cpu_kernel import cpu_kernel
 
 
 # explicit signature: compiled at import (or loaded from numba's disk cache); "[:, :]" takes strided rows
-@njit("void(float32[:, :], float32[::1], float64[::1], float32[:, :], int64[::1])", cache=True, nogil=True)
+@cpu_kernel("void(float32[:, :], float32[::1], float64[::1], float32[:, :], int64[::1])")
 def softmax_draw_cpu(logits, temperature, u, probs, tokens):
     """probs[b] = softmax(logits[b] / temperature[b]) (float32), tokens[b] = the first index whose float64
     cumulative sum of probs[b] exceeds u[b] times the row's total (a zero-probability token is never drawn;

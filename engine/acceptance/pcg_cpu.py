@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
 
 from asg_tables.table import ASGTable
 from engine.acceptance.sampling import uniform
+from engine.cpu_kernel import cpu_kernel
 
 
-@njit(cache=True, nogil=True)
+@cpu_kernel()
 def _draw_index(weights: np.ndarray, u: float) -> int:
     """Index drawn ∝ nonnegative `weights` by inverse CDF: the first index whose cumulative sum exceeds
     u·total (so a zero weight is never drawn); if rounding passes every step, the last positive weight."""
@@ -44,7 +44,7 @@ def _draw_index(weights: np.ndarray, u: float) -> int:
     return last_positive
 
 
-@njit(cache=True, nogil=True)
+@cpu_kernel()
 def _group_mass(probs: np.ndarray, g_indptr: np.ndarray, g_members: np.ndarray, member_weight: np.ndarray,
                 k: int) -> float:
     """Σ_{t ∈ G_k} probs[t] / N(t) (float64)."""
@@ -54,7 +54,7 @@ def _group_mass(probs: np.ndarray, g_indptr: np.ndarray, g_members: np.ndarray, 
     return mass
 
 
-@njit(cache=True, nogil=True)
+@cpu_kernel()
 def _verify_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, u_token,
                  g_indptr, g_members, member_weight, t_indptr, t_groups, inv_owners, tokens, groups,
                  num_accepted):

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from engine.cpu_kernel import cpu_kernel
 
 
 # an explicit signature compiles at import (or loads numba's disk cache), not on the first request
-@njit("void(float32[:, ::1], int64[::1], boolean[::1], int64[::1], boolean[::1], boolean[::1], float64, "
-      "float32[:, ::1])", cache=True, nogil=True)
+@cpu_kernel("void(float32[:, ::1], int64[::1], boolean[::1], int64[::1], boolean[::1], boolean[::1], "
+            "float64, float32[:, ::1])")
 def merge_markers_cpu(flat, merge_cols, closed, targets, forced, held, neg_inf, out):
     """out[r] = flat[r] with closed columns (every column if forced[r]) at neg_inf, then out[r, targets[r]] =
     the log-sum-exp of flat[r, merge_cols] (0 if forced[r]: only the target may follow; neg_inf if held[r]:
