@@ -11,6 +11,10 @@ from collections.abc import Callable
 
 from numba import njit
 
+# The compiled loops walk each row serially, O(V) per row, and are measured only at the demo vocabulary
+# (1,200 tokens): larger vocabularies (Llasa's 65,536 codes and more) keep the vectorised, threaded torch ops.
+COMPILED_MAX_V = 16384
+
 
 def cpu_kernel(signature: str | None = None) -> Callable[[Callable], Callable]:
     """Decorator: njit(signature, nogil=True), cached on disk when possible. With a signature the loop is

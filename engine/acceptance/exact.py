@@ -13,6 +13,7 @@ import torch
 from asg_tables.table import ASGTable
 from engine.acceptance.base import TokenLevelRule, check_shapes, token_probs
 from engine.acceptance.verdict import Verdict
+from engine.cpu_kernel import COMPILED_MAX_V
 
 
 def ratio_test(
@@ -33,23 +34,29 @@ class ExactRule(TokenLevelRule):
     name = "exact"
 
     def __init__(self, compiled: bool = True):
-        """compiled: verify CPU tensors with the compiled loop of pcg_cpu.py over singleton groups (a fifth
-        of the torch ops' cost at the demo vocabulary); False keeps the torch ops every device runs."""
+        """compiled: verify CPU tensors over at most COMPILED_MAX_V tokens with the compiled loop of
+        pcg_cpu.py over singleton groups (a fifth of the torch ops' cost at the demo vocabulary); False keeps
+        the torch ops every device runs."""
         self.compiled = bool(compiled)
         self._singletons: dict[int, object] = {}  # vocabulary size -> CompiledPCG over singleton groups
+        if self.compiled:
+            self._singletons_over(2)  # compiles the loop now (engine start-up), not in the first request
 
     def accept(self, draft_tokens, draft_probs, target_probs, u):
         return ratio_test(draft_tokens, draft_probs, target_probs, u)
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
-        if not self.compiled or draft_probs.device.type != "cpu":
+        if not self.compiled or draft_probs.device.type != "cpu" or draft_probs.shape[-1] > COMPILED_MAX_V:
             return super().verify(draft_tokens, draft_probs, target_probs, generator)
         check_shapes(draft_tokens, draft_probs, target_probs)
-        vocab = draft_probs.shape[-1]
+        tokens, _, num_accepted = self._singletons_over(draft_probs.shape[-1]).verify(
+            draft_tokens, draft_probs, target_probs, generator)
+        return Verdict(tokens, num_accepted, lambda: torch.full_like(tokens, -1))
+
+    def _singletons_over(self, vocab: int):
+        """The compiled verify over `vocab` singleton groups, built once per vocabulary size."""
         if vocab not in self._singletons:
             from engine.acceptance.pcg_cpu import CompiledPCG
 
             self._singletons[vocab] = CompiledPCG(ASGTable.from_groups([], vocab))
-        tokens, _, num_accepted = self._singletons[vocab].verify(draft_tokens, draft_probs, target_probs,
-                                                                 generator)
-        return Verdict(tokens, num_accepted, lambda: torch.full_like(tokens, -1))
+        return self._singletons[vocab]
