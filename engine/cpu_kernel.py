@@ -9,11 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+import torch
 from numba import njit
 
 # The compiled loops walk each row serially, O(V) per row, and are measured only at the demo vocabulary
 # (1,200 tokens): larger vocabularies (Llasa's 65,536 codes and more) keep the vectorised, threaded torch ops.
 COMPILED_MAX_V = 16384
+
+
+def compiled_applies(device: torch.device | str, vocab_size: int) -> bool:
+    """Whether the compiled loops serve tensors on `device` over `vocab_size` tokens (else: torch ops)."""
+    return torch.device(device).type == "cpu" and vocab_size <= COMPILED_MAX_V
 
 
 def cpu_kernel(signature: str | None = None) -> Callable[[Callable], Callable]:
@@ -28,3 +35,23 @@ def cpu_kernel(signature: str | None = None) -> Callable[[Callable], Callable]:
             return njit(*args, nogil=True)(fn)
 
     return decorate
+
+
+@cpu_kernel()
+def draw_index(weights: np.ndarray, u: float) -> int:
+    """Index drawn ∝ nonnegative `weights` by inverse CDF, the search `sample_rows` makes: the first index
+    whose float64 cumulative sum exceeds u·total (so a zero weight is never drawn); if rounding passes every
+    step, the last positive weight."""
+    total = 0.0
+    for j in range(weights.shape[0]):
+        total += weights[j]
+    target = u * total
+    acc = 0.0
+    last_positive = 0
+    for j in range(weights.shape[0]):
+        if weights[j] > 0.0:
+            last_positive = j
+            acc += weights[j]
+            if acc > target:
+                return j
+    return last_positive

@@ -16,7 +16,7 @@ import torch
 from engine.acceptance import logits_to_probs
 from engine.acceptance.sampling import sample_rows
 from engine.acceptance.warp import GREEDY_EPS
-from engine.cpu_kernel import COMPILED_MAX_V
+from engine.cpu_kernel import compiled_applies
 from engine.sampling_cpu import softmax_draw_cpu
 from engine.sequence import Sequence
 
@@ -44,8 +44,7 @@ class BatchSampler:
                                      and p.top_p >= 1.0 for p in params)
         self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
         # softmax and draw in one compiled loop (sampling_cpu.py) where both are plain: CPU, temperature only
-        self._compiled_draw = (self._temperature_only and torch.device(device).type == "cpu"
-                               and vocab_size <= COMPILED_MAX_V)
+        self._compiled_draw = self._temperature_only and compiled_applies(device, vocab_size)
         if not self._temperature_only:  # made once per step, used by every probs() call
             self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
             self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import math
 
-from engine.cpu_kernel import cpu_kernel
+from engine.cpu_kernel import cpu_kernel, draw_index
 
 
 # explicit signature: compiled at import (or loaded from numba's disk cache); "[:, :]" takes strided rows
 @cpu_kernel("void(float32[:, :], float32[::1], float64[::1], float32[:, :], int64[::1])")
 def softmax_draw_cpu(logits, temperature, u, probs, tokens):
-    """probs[b] = softmax(logits[b] / temperature[b]) (float32), tokens[b] = the first index whose float64
-    cumulative sum of probs[b] exceeds u[b] times the row's total (a zero-probability token is never drawn;
-    if rounding passes every step, the last positive one). logits, probs Float32[B, V]; temperature
-    Float32[B]; u Float64[B]; tokens Long[B]."""
+    """probs[b] = softmax(logits[b] / temperature[b]) (float32), tokens[b] = draw_index(probs[b], u[b]).
+    logits, probs Float32[B, V]; temperature Float32[B]; u Float64[B]; tokens Long[B]."""
     rows, vocab = logits.shape
     for b in range(rows):
         t = temperature[b]
@@ -33,20 +31,6 @@ def softmax_draw_cpu(logits, temperature, u, probs, tokens):
             e = math.exp(logits[b, j] / t - top)
             probs[b, j] = e
             total += e
-        mass = 0.0
         for j in range(vocab):
             probs[b, j] = probs[b, j] / total
-            mass += probs[b, j]
-        target = u[b] * mass
-        acc = 0.0
-        tokens[b] = -1
-        last_positive = 0
-        for j in range(vocab):
-            if probs[b, j] > 0.0:
-                last_positive = j
-                acc += probs[b, j]
-                if acc > target:
-                    tokens[b] = j
-                    break
-        if tokens[b] < 0:
-            tokens[b] = last_positive
+        tokens[b] = draw_index(probs[b], u[b])

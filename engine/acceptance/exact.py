@@ -13,7 +13,7 @@ import torch
 from asg_tables.table import ASGTable
 from engine.acceptance.base import TokenLevelRule, check_shapes, token_probs
 from engine.acceptance.verdict import Verdict
-from engine.cpu_kernel import COMPILED_MAX_V
+from engine.cpu_kernel import compiled_applies
 
 
 def ratio_test(
@@ -34,9 +34,9 @@ class ExactRule(TokenLevelRule):
     name = "exact"
 
     def __init__(self, compiled: bool = True):
-        """compiled: verify CPU tensors over at most COMPILED_MAX_V tokens with the compiled loop of
-        pcg_cpu.py over singleton groups (a fifth of the torch ops' cost at the demo vocabulary); False keeps
-        the torch ops every device runs."""
+        """compiled: where `compiled_applies` (CPU tensors over at most COMPILED_MAX_V tokens), verify with
+        the compiled loop of pcg_cpu.py over singleton groups (a fifth of the torch ops' cost at the demo
+        vocabulary); False keeps the torch ops every device runs."""
         self.compiled = bool(compiled)
         self._singletons: dict[int, object] = {}  # vocabulary size -> CompiledPCG over singleton groups
         if self.compiled:
@@ -46,7 +46,7 @@ class ExactRule(TokenLevelRule):
         return ratio_test(draft_tokens, draft_probs, target_probs, u)
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
-        if not self.compiled or draft_probs.device.type != "cpu" or draft_probs.shape[-1] > COMPILED_MAX_V:
+        if not (self.compiled and compiled_applies(draft_probs.device, draft_probs.shape[-1])):
             return super().verify(draft_tokens, draft_probs, target_probs, generator)
         check_shapes(draft_tokens, draft_probs, target_probs)
         tokens, _, num_accepted = self._singletons_over(draft_probs.shape[-1]).verify(

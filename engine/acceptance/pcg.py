@@ -29,6 +29,7 @@ from engine.acceptance.base import (
 )
 from engine.acceptance.sampling import sample_rows, sample_segments, uniform
 from engine.acceptance.verdict import Verdict
+from engine.cpu_kernel import compiled_applies
 
 # Up to this vocabulary size, enumerated PCG works on padded member matrices ([M, largest group]): fewer ops
 # per step; beyond it, ragged segment sums and sparse products cost less memory.
@@ -61,7 +62,7 @@ class PCGRule(AcceptanceRule):
         self.residual = residual
         self.compiled = bool(compiled)
         self._compiled_for: tuple[ASGTable, object] | None = None
-        if self.compiled and self.table.device.type == "cpu" and self._small(self.table):
+        if self._uses_compiled(self.table):
             self._compiled(self.table)  # compile now (engine start-up), not in the first request
         # counters for benchmarks: rejections handled, thinning trials spent, rows that needed the fallback
         self.stats = {"rejections": 0, "thinning_trials": 0, "fallback_rows": 0}
@@ -82,7 +83,7 @@ class PCGRule(AcceptanceRule):
         table = self._table_on(draft_probs.device)
         if draft_probs.shape[-1] != table.vocab_size:
             raise ValueError(f"probs over {draft_probs.shape[-1]} tokens, ASG table over {table.vocab_size}")
-        if self.compiled and draft_probs.device.type == "cpu" and self._small(table):
+        if self._uses_compiled(table):
             tokens, groups, num_accepted = self._compiled(table).verify(
                 draft_tokens, draft_probs, target_probs, generator)
             return Verdict(tokens, num_accepted, groups)
@@ -131,6 +132,11 @@ class PCGRule(AcceptanceRule):
 
     def _small(self, table: ASGTable) -> bool:
         return self.residual == "enumerate" and table.vocab_size <= DENSE_COARSE_MAX_V
+
+    def _uses_compiled(self, table: ASGTable) -> bool:
+        """Whether verify over `table` (on the probabilities' device: verify moves it there) runs the
+        compiled loop."""
+        return self.compiled and self._small(table) and compiled_applies(table.device, table.vocab_size)
 
     def _compiled(self, table: ASGTable):
         """The compiled CPU verify for `table`, built once per table (the first build in a process compiles

@@ -22,26 +22,7 @@ import torch
 
 from asg_tables.table import ASGTable
 from engine.acceptance.sampling import uniform
-from engine.cpu_kernel import cpu_kernel
-
-
-@cpu_kernel()
-def _draw_index(weights: np.ndarray, u: float) -> int:
-    """Index drawn ∝ nonnegative `weights` by inverse CDF: the first index whose cumulative sum exceeds
-    u·total (so a zero weight is never drawn); if rounding passes every step, the last positive weight."""
-    total = 0.0
-    for j in range(weights.shape[0]):
-        total += weights[j]
-    target = u * total
-    acc = 0.0
-    last_positive = 0
-    for j in range(weights.shape[0]):
-        if weights[j] > 0.0:
-            last_positive = j
-            acc += weights[j]
-            if acc > target:
-                return j
-    return last_positive
+from engine.cpu_kernel import cpu_kernel, draw_index
 
 
 @cpu_kernel()
@@ -106,11 +87,11 @@ def _verify_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, u_to
         if total <= 0.0:  # P_c == Q_c up to rounding (rejection had probability ~0): draw from Q_c
             for k in range(num_groups):
                 residual[k] = _group_mass(q, g_indptr, g_members, member_weight, k)
-        group = _draw_index(residual, u_emit[b])
+        group = draw_index(residual, u_emit[b])
         start, end = g_indptr[group], g_indptr[group + 1]
         for j in range(start, end):
             inside[j - start] = q[g_members[j]] * member_weight[j]
-        tokens[b, accepted] = g_members[start + _draw_index(inside[: end - start], u_token[b])]
+        tokens[b, accepted] = g_members[start + draw_index(inside[: end - start], u_token[b])]
         if accepted < gamma:
             groups[b, accepted] = group
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from engine.cpu_kernel import compiled_applies
 from engine.speech.base import DecodeConstraint
 from engine.speech.demo.constraint_cpu import merge_markers_cpu
 from engine.speech.demo.layout import END, DemoVocab
@@ -147,7 +148,7 @@ class MarkerMergeConstraint(DecodeConstraint):
             forced += f
             held += hd
         merge_cols, closed = first._masks(logits.device)
-        if flat.device.type == "cpu" and flat.dtype == torch.float32:
+        if flat.dtype == torch.float32 and compiled_applies(flat.device, v):
             flat = flat.contiguous()
             out = torch.empty_like(flat)
             merge_markers_cpu(flat.numpy(), merge_cols.numpy(), closed.numpy(),
