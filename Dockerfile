@@ -5,7 +5,7 @@ FROM python:3.11-slim-bookworm
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
-    PCGTTS_MODEL=/app/models/demo-en PCGTTS_DATA_DIR=/data PCGTTS_HOST=0.0.0.0 PCGTTS_PORT=8000
+    PCGTTS_DATA_DIR=/data PCGTTS_HOST=0.0.0.0 PCGTTS_PORT=8000
 
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libsndfile1 curl \
@@ -13,7 +13,8 @@ RUN apt-get update \
 
 WORKDIR /app
 RUN pip install --index-url "$TORCH_INDEX" torch==2.13.0
-COPY pyproject.toml README.md ./
+# One installed name: the rooms become pcgtts.<room> and the embedded model pcgtts.models (setup.py).
+COPY pyproject.toml setup.py README.md ./
 COPY asg_tables ./asg_tables
 COPY engine ./engine
 COPY tts ./tts
@@ -21,8 +22,8 @@ COPY server ./server
 COPY pcgtts ./pcgtts
 COPY bench ./bench
 COPY recipes ./recipes
-RUN pip install .
 COPY models ./models
+RUN pip install .
 
 RUN useradd --create-home --uid 1000 pcgtts && mkdir -p /data && chown 1000:1000 /data
 USER 1000:1000

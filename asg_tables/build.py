@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 
 import torch
+from pcgtts.asg_tables.csr import gather_segments, lengths_to_indptr
+from pcgtts.asg_tables.table import ASGTable
 from tqdm import tqdm
-
-from asg_tables.csr import gather_segments, lengths_to_indptr
-from asg_tables.table import ASGTable
 
 DEFAULT_BLOCK_ROWS = 1024
 

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from asg_tables.embeddings import (
+from pcgtts.asg_tables.embeddings import (
     LLASA_NUM_SPEECH_TOKENS,
     LLASA_SPEECH_OFFSET,
     read_embedding_rows,
@@ -62,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from asg_tables.build import build_asg, seed_group_sizes
-    from asg_tables.report import format_stats, plot_stats, table_stats
+    from pcgtts.asg_tables.build import build_asg, seed_group_sizes
+    from pcgtts.asg_tables.report import format_stats, plot_stats, table_stats
 
     rows, source = read_embedding_rows(args.model, args.offset, args.num_tokens, args.which)
     if args.sweep or len(args.theta) > 1:
@@ -101,8 +101,8 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from asg_tables.report import format_stats, plot_stats, table_stats
-    from asg_tables.table import ASGTable
+    from pcgtts.asg_tables.report import format_stats, plot_stats, table_stats
+    from pcgtts.asg_tables.table import ASGTable
 
     table = ASGTable.load(args.table)
     stats = table_stats(table)

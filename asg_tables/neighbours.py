@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from asg_tables.build import DEFAULT_BLOCK_ROWS, normalized_rows, similarity_blocks
-from asg_tables.csr import gather_segments
-from asg_tables.table import ASGTable
+from pcgtts.asg_tables.build import DEFAULT_BLOCK_ROWS, normalized_rows, similarity_blocks
+from pcgtts.asg_tables.csr import gather_segments
+from pcgtts.asg_tables.table import ASGTable
 
 
 @dataclass

@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
-from asg_tables.table import ASGTable
+from pcgtts.asg_tables.table import ASGTable
 
 
 def speech_range(table: ASGTable) -> tuple[int, int]:

@@ -16,10 +16,9 @@ import warnings
 from pathlib import Path
 
 import torch
+from pcgtts.asg_tables.csr import gather_segments, lengths_to_indptr, transpose
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-from asg_tables.csr import gather_segments, lengths_to_indptr, transpose
 
 FORMAT = "pcgtts-asg/1"
 _TENSORS = ("group_indptr", "group_members", "token_indptr", "token_groups")

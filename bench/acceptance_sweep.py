@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engine import Engine, EngineConfig, SamplingParams
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 # Held-out style sentences (not from the training corpus's sources): plain, varied, 4-12 words.
 SENTENCES = [
@@ -95,8 +94,8 @@ class TableCache:
     vocabulary when the bundle has none."""
 
     def __init__(self, bundle: ModelBundle, workdir: Path):
-        from asg_tables.report import speech_range
-        from asg_tables.table import ASGTable
+        from pcgtts.asg_tables.report import speech_range
+        from pcgtts.asg_tables.table import ASGTable
 
         self.bundle, self.workdir, self.paths = bundle, workdir, {}
         self.token_range: tuple[int, int] | None = None
@@ -119,8 +118,8 @@ class TableCache:
         return self.paths[theta]
 
     def _build(self, theta: float) -> Path:
-        from asg_tables.build import build_asg
-        from asg_tables.embeddings import read_embedding_rows, vocab_size_of
+        from pcgtts.asg_tables.build import build_asg
+        from pcgtts.asg_tables.embeddings import read_embedding_rows, vocab_size_of
 
         start, end = self.token_range or (0, vocab_size_of(self.bundle.target_dir))
         rows, source = read_embedding_rows(self.bundle.target_dir, start, end - start)
@@ -180,7 +179,7 @@ def measure_quality(bundle: ModelBundle, texts: list[str], outputs: list[list[in
     if transcribe is None:
         quality["wer"] = None
         return quality
-    from bench.quality import word_error_rate
+    from pcgtts.bench.quality import word_error_rate
 
     hyps = transcribe(audio, codec.sample_rate)
     quality["wer"] = word_error_rate(texts, hyps)
@@ -204,7 +203,7 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
                                      constraint=prompt.constraint))
     transcribe = None
     if with_asr:
-        from bench.quality import load_transcriber
+        from pcgtts.bench.quality import load_transcriber
 
         transcribe = load_transcriber()
         if transcribe is None:

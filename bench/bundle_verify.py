@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-
-from asg_tables import ASGTable
-from bench.step_speed import batched, build_engine, machine, speech_requests
-from engine import Engine
-from engine.acceptance import AcceptanceRule, make_rule
-from tts.bundle import ModelBundle
+from pcgtts.asg_tables import ASGTable
+from pcgtts.bench.step_speed import batched, build_engine, machine, speech_requests
+from pcgtts.engine import Engine
+from pcgtts.engine.acceptance import AcceptanceRule, make_rule
+from pcgtts.tts.bundle import ModelBundle
 
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft probs, target probs
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 import argparse
 import importlib
 
+# name -> (module under pcgtts.bench, what it measures)
 BENCHMARKS = {
-    "acceptance": ("bench.acceptance_sweep", "acceptance rules side by side: speed and quality"),
-    "codec": ("bench.codec_bench", "streaming codec: batched vs one-by-one decode, first audio block"),
-    "engine": ("bench.engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
-    "load": ("bench.load_test", "server load test: time to first audio, real-time factor"),
-    "step": ("bench.step_speed", "decode speed: target-only/exact/pcg, eager vs captured graphs; c and v"),
-    "verify": ("bench.verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
-    "rejections": ("bench.rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
-    "draft-cost": ("bench.draft_cost", "c = draft / target per-token cost, drafts side by side"),
-    "groups": ("bench.groups", "ASGs: swap test and PCG decoding, WER and similarity"),
+    "acceptance": ("acceptance_sweep", "acceptance rules side by side: speed and quality"),
+    "codec": ("codec_bench", "streaming codec: batched vs one-by-one decode, first audio block"),
+    "engine": ("engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
+    "load": ("load_test", "server load test: time to first audio, real-time factor"),
+    "step": ("step_speed", "decode speed: target-only/exact/pcg, eager vs captured graphs; c and v"),
+    "verify": ("verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
+    "rejections": ("rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
+    "draft-cost": ("draft_cost", "c = draft / target per-token cost, drafts side by side"),
+    "groups": ("groups", "ASGs: swap test and PCG decoding, WER and similarity"),
 }
 
 
@@ -23,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="benchmarks (results and plots under --out)")
     inner = parser.add_subparsers(dest="benchmark", required=True)
     for name, (module_name, help_text) in BENCHMARKS.items():
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(f"{__package__}.{module_name}")
         sub = inner.add_parser(name, help=help_text, description=module.__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         if hasattr(module, "add_arguments"):

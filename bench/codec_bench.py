@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_codec(model: Path | None):
-    from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+    from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
     return ModelBundle.from_dir(model or DEFAULT_MODEL_DIR).load_codec()
 
@@ -79,7 +79,7 @@ def _service_ttfa(model: Path | None, requests: int) -> dict:
     vs full-context first block, alternating request by request (same texts and seeds for both)."""
     import asyncio
 
-    from tts import SynthesisOptions, TTSConfig, TTSService
+    from pcgtts.tts import SynthesisOptions, TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(**({"model_dir": model} if model else {})))
     shipped = service.codec.gl

@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import torch
-
-from bench.rejections import shown_path
-from engine import Engine, EngineConfig, SamplingParams
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.bench.rejections import shown_path
+from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 
 def per_token_ms(engine: Engine, prompt: list[int], tokens: int, seed: int) -> float:

@@ -129,9 +129,9 @@ def random_pair(root: Path, shape: str, residual_gain: float, device: str = "cpu
 
 def build_table(target: Path, theta: float, out: Path, offset: int = 0, device: str = "cpu") -> Path:
     """ASG table from the target's input embeddings over tokens [offset, V)."""
-    from asg_tables import build_asg
-    from engine.model.config import LlamaConfig
-    from engine.model.loader import load_llama
+    from pcgtts.asg_tables import build_asg
+    from pcgtts.engine.model.config import LlamaConfig
+    from pcgtts.engine.model.loader import load_llama
 
     vocab = LlamaConfig.from_dir(target).vocab_size
     emb = load_llama(target, device, "float32").embed[offset:]
@@ -223,7 +223,7 @@ def unlikely_token_share(target: Path, prompts: list[list[int]], samples: list[l
 
 
 def rows_vocab(setup: BenchSetup) -> int:
-    from engine.model.config import LlamaConfig
+    from pcgtts.engine.model.config import LlamaConfig
 
     return LlamaConfig.from_dir(setup.target).vocab_size
 
@@ -242,8 +242,8 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 0, bundle: Path | 
                  ) -> list[list[int]]:
     """n prompts: random tokens of one length, or a bundle's speech prompts (voice + sentence)."""
     if bundle is not None:
-        from bench.step_speed import speech_requests
-        from tts.bundle import ModelBundle
+        from pcgtts.bench.step_speed import speech_requests
+        from pcgtts.tts.bundle import ModelBundle
 
         return speech_requests(ModelBundle.from_dir(bundle), n, temperature=1.0, max_tokens=1)[0]
     gen = torch.Generator().manual_seed(seed)
@@ -252,7 +252,7 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 0, bundle: Path | 
 
 class EngineRunner:
     def __init__(self, mode: str, setup: BenchSetup, args, longest_prompt: int):
-        from engine import Engine, EngineConfig
+        from pcgtts.engine import Engine, EngineConfig
 
         spec = mode != "target-only"
         self.mode = mode
@@ -285,9 +285,8 @@ class HFRunner:
     (transformers' own speculative decoding, which it runs for one sequence at a time only)."""
 
     def __init__(self, setup: BenchSetup, args, assisted: bool = False):
+        from pcgtts.engine.model.loader import resolve_dtype
         from transformers import LlamaForCausalLM
-
-        from engine.model.loader import resolve_dtype
 
         device = torch.device(args.device)
         self.device = device
@@ -338,7 +337,7 @@ def prompt_sets(args, setup: BenchSetup) -> dict[int, list[list[int]]]:
 def run_bench(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]], progress=print
               ) -> list[dict]:
     """Rows: mode, batch, tokens_per_s (median), speedup over target-only in the same run, acceptance."""
-    from engine import SamplingParams
+    from pcgtts.engine import SamplingParams
 
     longest = max(len(p) for ps in prompts_by_batch.values() for p in ps)
     runners = [EngineRunner(mode, setup, args, longest) for mode in args.modes]

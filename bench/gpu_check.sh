@@ -56,7 +56,7 @@ GRAPHS=eager
 bench_rc=0
 for graphs in $GRAPHS; do
   mkdir -p "$OUT/$graphs"
-  timeout 165 "$PYTHON" -m bench.engine_bench --shape "$SHAPE" --device "$DEVICE" --batch-sizes 1 16 \
+  timeout 165 "$PYTHON" -m pcgtts.bench.engine_bench --shape "$SHAPE" --device "$DEVICE" --batch-sizes 1 16 \
     --max-tokens 128 --prompt-len 64 --repeats "$REPEATS" --decode-graphs "$graphs" --out "$OUT/$graphs" \
     2>&1 | tee "$OUT/$graphs/bench.log"
   (( PIPESTATUS[0] != 0 )) && bench_rc=1

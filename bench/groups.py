@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from asg_tables import build_asg
-from asg_tables.embeddings import read_embedding_rows
-from bench.rejections import shown_path
-from engine import Engine, EngineConfig, SamplingParams
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.asg_tables import build_asg
+from pcgtts.asg_tables.embeddings import read_embedding_rows
+from pcgtts.bench.rejections import shown_path
+from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 GAMMA = 3
 DEFAULT_TABLES = ("emb:0.55", "emb:0.4", "mel:0.4", "mel:0.5")
@@ -79,7 +78,7 @@ def swap_codes(tokens: list[int], table, rng: np.random.Generator) -> tuple[list
 
 class Scorer:
     def __init__(self, family, codec, texts_of: list[str], voice_of: list[str], voices_dir: Path):
-        from recipes.demo.eval_tools import SpeakerEncoder, Transcriber
+        from pcgtts.recipes.demo.eval_tools import SpeakerEncoder, Transcriber
 
         self.family, self.codec = family, codec
         self.transcriber, self.speaker = Transcriber(threads=1), SpeakerEncoder()
@@ -94,7 +93,7 @@ class Scorer:
     def __call__(self, outputs: list[list[int]], rows: list[int] | None = None) -> dict:
         """Scores outputs of the items `rows` (default all, in order); per-item results are kept so that
         a subset can be compared with the same subset of another run."""
-        from recipes.demo.eval_tools import word_errors
+        from pcgtts.recipes.demo.eval_tools import word_errors
 
         rows = list(range(len(outputs))) if rows is None else rows
         errors, words, sims, hyps = [], [], [], []
@@ -146,7 +145,7 @@ def add_intervals(report: dict) -> dict:
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
         temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int]) -> dict:
-    from recipes.demo.eval_codec import eval_sentences
+    from pcgtts.recipes.demo.eval_codec import eval_sentences
 
     torch.set_num_threads(1)
     bundle = ModelBundle.from_dir(model_dir)

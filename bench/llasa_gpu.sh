@@ -34,7 +34,7 @@ if [ "${DEVICE%%:*}" = cuda ]; then
 fi
 
 echo "== local directories"
-"$PYTHON" -m bench.llasa_runbook --out "$OUT" --device "$DEVICE" --draft-layers "${DRAFT_LAYERS:-3}" \
+"$PYTHON" -m pcgtts.bench.llasa_runbook --out "$OUT" --device "$DEVICE" --draft-layers "${DRAFT_LAYERS:-3}" \
   --shape "${SHAPE:-llasa-1b}" ${REDUCED_CODEC:+--reduced-codec} ${LLASA:+--target "$LLASA"} \
   ${DRAFT:+--draft "$DRAFT"} ${XCODEC2:+--codec "$XCODEC2"} ${SEMANTIC:+--semantic "$SEMANTIC"} \
   2>&1 | tee "$OUT/prepare.log"

@@ -1,7 +1,7 @@
 """Prepares bench/llasa_gpu.sh's run: checks the local directories, fills the absent ones with random
 weights of the real shapes, makes the draft, and writes a bundle manifest for the acceptance sweep.
 
-    python -m bench.llasa_runbook --out DIR [--target LLASA_DIR] [--draft DIR] [--codec XCODEC2_DIR]
+    python -m pcgtts.bench.llasa_runbook --out DIR [--target LLASA_DIR] [--draft DIR] [--codec XCODEC2_DIR]
                                   [--semantic W2V_BERT_DIR] [--draft-layers 3] [--shape llasa-1b]
 
 Writes DIR/setup.env (TARGET, DRAFT, CODEC, SEMANTIC, RANDOM_PARTS: shell assignments) and
@@ -26,10 +26,9 @@ import torch
 
 def layer_subset_draft(target: Path, out: Path, layers: int) -> Path:
     """The target's first `layers` decoder layers plus embeddings, final norm and LM head."""
+    from pcgtts.engine.model.loader import safetensors_files
     from safetensors import safe_open
     from safetensors.torch import save_file
-
-    from engine.model.loader import safetensors_files
 
     config = json.loads((target / "config.json").read_text())
     if layers >= config["num_hidden_layers"]:
@@ -58,7 +57,7 @@ def _present(kind: str, path: Path | None, required: tuple[str, ...]) -> bool:
 
 
 def prepare(args: argparse.Namespace) -> dict[str, str]:
-    from engine.codec.xcodec2.synthetic import save_random_codec, save_random_semantic
+    from pcgtts.engine.codec.xcodec2.synthetic import save_random_codec, save_random_semantic
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -69,8 +68,8 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
             draft = layer_subset_draft(target, out / f"draft-{args.draft_layers}-layers", args.draft_layers)
             print(f"draft: the target's first {args.draft_layers} layers -> {draft}")
     else:
-        from bench.engine_bench import random_pair
-        from engine.speech.llasa_synthetic import save_llasa_tokenizer
+        from pcgtts.bench.engine_bench import random_pair
+        from pcgtts.engine.speech.llasa_synthetic import save_llasa_tokenizer
 
         pair = random_pair(out / "random", args.shape, residual_gain=0.1, device=args.device)
         save_llasa_tokenizer(pair.target)
@@ -102,7 +101,7 @@ def prepare(args: argparse.Namespace) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.engine_bench import SHAPES
+    from pcgtts.bench.engine_bench import SHAPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)

@@ -322,7 +322,7 @@ def main(args: argparse.Namespace) -> int:
                 process.terminate()
                 process.wait(timeout=60)
     print_table(rows)
-    cli = sys.argv[1:3] == ["bench", "load"]  # `pcgtts bench load ...` vs `python -m bench.load_test ...`
+    cli = sys.argv[1:3] == ["bench", "load"]  # `pcgtts bench load` vs `python -m ...`
     command = "pcgtts bench load " + " ".join(sys.argv[3 if cli else 1:])
     report = {"command": command, "capacity": capacity(rows),
               "targets": {"ttfa_p95_s": TTFA_SLO_S, "stall_p95_s": STALL_SLO_S},

@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from asg_tables import ASGTable, build_asg
-from asg_tables.embeddings import read_embedding_rows
-from engine import Engine, EngineConfig, SamplingParams
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.asg_tables import ASGTable, build_asg
+from pcgtts.asg_tables.embeddings import read_embedding_rows
+from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 GAMMA = 3
 EMBEDDING_THETAS = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)
@@ -110,7 +109,7 @@ def token_class(vocab, token: int) -> str:
 
 
 def vocab_end(vocab) -> int:
-    from engine.speech.demo.layout import SPECIAL_NAMES
+    from pcgtts.engine.speech.demo.layout import SPECIAL_NAMES
 
     return SPECIAL_NAMES.index("<end>")
 
@@ -238,7 +237,7 @@ def coherence(table: ASGTable, vocab, centroids: torch.Tensor) -> float:
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], temperature: float,
         max_tokens: int) -> dict:
-    from bench.acceptance_sweep import SENTENCES
+    from pcgtts.bench.acceptance_sweep import SENTENCES
 
     torch.set_num_threads(1)
     bundle = ModelBundle.from_dir(model_dir)

@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 
 import torch
-
-from bench.acceptance_sweep import SENTENCES
-from engine import Engine, EngineConfig, SamplingParams
-from engine.block_manager import SeqBlocks
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.bench.acceptance_sweep import SENTENCES
+from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.engine.block_manager import SeqBlocks
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 RULES = ("target-only", "exact", "pcg")
 
@@ -166,7 +165,7 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    from engine.model.loader import cpu_has_native_bf16
+    from pcgtts.engine.model.loader import cpu_has_native_bf16
 
     return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "native_bf16": cpu_has_native_bf16(),

@@ -1,8 +1,8 @@
 """How long does `verify` take next to the target forward pass it follows? And what does an ASG build cost?
 
-    python -m bench.verify_speed [--reps 15] [--out bench/results]        # verify vs forward (~2-4 min)
-    python -m bench.verify_speed --build [--dim 2048]                     # 65,536 x 2,048 ASG build (minutes)
-    python -m bench.verify_speed --model models/demo-en                   # the bundle's own steps (~1 min)
+    pcgtts bench verify [--reps 15] [--out bench/results]   # verify vs forward (~2-4 min)
+    pcgtts bench verify --build [--dim 2048]                # 65,536 x 2,048 ASG build (minutes)
+    pcgtts bench verify --model models/demo-en              # the bundle's own steps (~1 min)
 
 Verify: B in {1, 16, 64}, γ = 3, V = 65,536 (X-codec2), rules exact / pcg (ASG tables of mean group size ~10
 and ~140) / ssd / topk / lantern, plus V = 193,800 (Llasa's full vocabulary, speech tokens a subrange).
@@ -35,11 +35,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from asg_tables import ASGTable, build_asg
-from asg_tables.build import normalized_rows
-from engine.acceptance import make_rule
-from engine.acceptance.warp import logits_to_probs
+from pcgtts.asg_tables import ASGTable, build_asg
+from pcgtts.asg_tables.build import normalized_rows
+from pcgtts.engine.acceptance import make_rule
+from pcgtts.engine.acceptance.warp import logits_to_probs
 
 GAMMA = 3
 SPEECH_V = 65_536
@@ -285,7 +284,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.model is not None:
-        from bench import bundle_verify
+        from pcgtts.bench import bundle_verify
 
         return bundle_verify.main(args)
 
@@ -296,7 +295,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         cmd = [
             sys.executable,
             "-m",
-            "bench.verify_speed",
+            "pcgtts.bench.verify_speed",
             "--child",
             "--dim",
             str(args.dim),

@@ -6,7 +6,7 @@ rules (`engine.acceptance`) plug in through their base classes. The engine impor
 (`tts`) nor the server; see the README's "Architecture".
 """
 
-from engine.config import EngineConfig, SamplingParams
-from engine.llm_engine import Engine, Generation, RequestOutput
+from pcgtts.engine.config import EngineConfig, SamplingParams
+from pcgtts.engine.llm_engine import Engine, Generation, RequestOutput
 
 __all__ = ["Engine", "EngineConfig", "Generation", "RequestOutput", "SamplingParams"]

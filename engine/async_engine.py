@@ -19,11 +19,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from engine.config import EngineConfig, SamplingParams
-from engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
-from engine.llm_engine import Engine, RequestOutput
-from engine.metrics import EngineMetrics
-from engine.torch_threads import adopt_torch_threads
+from pcgtts.engine.config import EngineConfig, SamplingParams
+from pcgtts.engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
+from pcgtts.engine.llm_engine import Engine, RequestOutput
+from pcgtts.engine.metrics import EngineMetrics
+from pcgtts.engine.torch_threads import adopt_torch_threads
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from engine.kv_mirror import MirrorBatch
+    from pcgtts.engine.kv_mirror import MirrorBatch
 
 
 @dataclass

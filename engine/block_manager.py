@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from engine.prefix_cache import PrefixCache, prefix_hashes
+from pcgtts.engine.prefix_cache import PrefixCache, prefix_hashes
 
 
 class OutOfBlocks(Exception):

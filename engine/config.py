@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.speech.base import DecodeConstraint
+    from pcgtts.engine.speech.base import DecodeConstraint
 
 
 @dataclass

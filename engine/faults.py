@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from engine.errors import EngineFault
-from engine.sequence import Sequence
+from pcgtts.engine.errors import EngineFault
+from pcgtts.engine.sequence import Sequence
 
 # Text of errors that say the device or its memory failed (CUDA, ROCm, cuBLAS, NCCL), not one input.
 _DEVICE_FAULT_MARKERS = ("CUDA error", "CUDA out of memory", "out of memory", "device-side assert",

@@ -12,8 +12,7 @@ Each layer's K and each layer's V is its own allocation (not a view of one big t
 from __future__ import annotations
 
 import torch
-
-from engine.model.config import LlamaConfig
+from pcgtts.engine.model.config import LlamaConfig
 
 
 class KVCache:

@@ -28,8 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from engine.block_manager import SeqBlocks
+from pcgtts.engine.block_manager import SeqBlocks
 
 
 @dataclass

@@ -18,22 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-from engine.acceptance import RuleCache
-from engine.attention import make_backend
-from engine.config import EngineConfig, SamplingParams
-from engine.errors import RequestTooLong
-from engine.faults import isolate_faults, snapshot
-from engine.metrics import Counters, EngineMetrics
-from engine.model.captured import resolve_mode
-from engine.model.config import LlamaConfig
-from engine.model.feature_head import is_feature_head, load_feature_head
-from engine.model.loader import few_op_forms, load_llama, resolve_dtype
-from engine.model_runner import ModelRunner
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence as Seq
-from engine.spec_decode import SpeculativeDecoder
-from engine.spec_policy import SpeculationPolicy
+from pcgtts.engine.acceptance import RuleCache
+from pcgtts.engine.attention import make_backend
+from pcgtts.engine.config import EngineConfig, SamplingParams
+from pcgtts.engine.errors import RequestTooLong
+from pcgtts.engine.faults import isolate_faults, snapshot
+from pcgtts.engine.metrics import Counters, EngineMetrics
+from pcgtts.engine.model.captured import resolve_mode
+from pcgtts.engine.model.config import LlamaConfig
+from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
+from pcgtts.engine.model.loader import few_op_forms, load_llama, resolve_dtype
+from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.scheduler import Scheduler
+from pcgtts.engine.sequence import Sequence as Seq
+from pcgtts.engine.spec_decode import SpeculativeDecoder
+from pcgtts.engine.spec_policy import SpeculationPolicy
 
 DEFAULT_KV_TOKENS = 16384
 log = logging.getLogger(__name__)

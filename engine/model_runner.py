@@ -11,13 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-
-from engine.attention import AttentionBackend, PagedBatch, build_paged_batch
-from engine.block_manager import BlockAllocator, SeqBlocks
-from engine.kv_cache import KVCache
-from engine.kv_mirror import KVMirror
-from engine.model.captured import CapturedForward, make_captured, resolve_mode
-from engine.model.llama import LlamaModel
+from pcgtts.engine.attention import AttentionBackend, PagedBatch, build_paged_batch
+from pcgtts.engine.block_manager import BlockAllocator, SeqBlocks
+from pcgtts.engine.kv_cache import KVCache
+from pcgtts.engine.kv_mirror import KVMirror
+from pcgtts.engine.model.captured import CapturedForward, make_captured, resolve_mode
+from pcgtts.engine.model.llama import LlamaModel
 
 
 class ModelRunner:

@@ -12,13 +12,12 @@ from the same history — what acceptance needs to stay exact with respect to th
 from __future__ import annotations
 
 import torch
-
-from engine.acceptance import logits_to_probs
-from engine.acceptance.sampling import sample_rows
-from engine.acceptance.warp import GREEDY_EPS
-from engine.cpu_kernel import compiled_applies
-from engine.sampling_cpu import softmax_draw_cpu
-from engine.sequence import Sequence
+from pcgtts.engine.acceptance import logits_to_probs
+from pcgtts.engine.acceptance.sampling import sample_rows
+from pcgtts.engine.acceptance.warp import GREEDY_EPS
+from pcgtts.engine.cpu_kernel import compiled_applies
+from pcgtts.engine.sampling_cpu import softmax_draw_cpu
+from pcgtts.engine.sequence import Sequence
 
 
 def presence_of(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from engine.cpu_kernel import cpu_kernel, draw_index
+from pcgtts.engine.cpu_kernel import cpu_kernel, draw_index
 
 
 # explicit signature: compiled at import (or loaded from numba's disk cache); "[:, :]" takes strided rows

@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockAllocator, OutOfBlocks
-from engine.errors import EngineOverloaded
-from engine.sequence import Sequence, Status
+from pcgtts.engine.block_manager import BlockAllocator, OutOfBlocks
+from pcgtts.engine.errors import EngineOverloaded
+from pcgtts.engine.sequence import Sequence, Status
 
 
 @dataclass

@@ -6,10 +6,9 @@ import enum
 from dataclasses import dataclass, field
 
 import torch
-
-from engine.acceptance import AcceptanceRule
-from engine.block_manager import SeqBlocks
-from engine.config import SamplingParams
+from pcgtts.engine.acceptance import AcceptanceRule
+from pcgtts.engine.block_manager import SeqBlocks
+from pcgtts.engine.config import SamplingParams
 
 
 class Status(enum.Enum):

@@ -27,13 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-from engine.acceptance import AcceptanceRule
-from engine.acceptance.sampling import RowGenerators
-from engine.model.feature_head import FeatureHead
-from engine.model_runner import ModelRunner
-from engine.sampling import BatchSampler
-from engine.sequence import Sequence
+from pcgtts.engine.acceptance import AcceptanceRule
+from pcgtts.engine.acceptance.sampling import RowGenerators
+from pcgtts.engine.model.feature_head import FeatureHead
+from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.sampling import BatchSampler
+from pcgtts.engine.sequence import Sequence
 
 
 @dataclass

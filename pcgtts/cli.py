@@ -8,11 +8,11 @@ import sys
 
 # subcommand -> module exposing `register(subparsers)`, which adds a parser whose `func(args)` runs it.
 SUBCOMMANDS = {
-    "serve": "server.cli",
-    "synth": "server.synth_cli",
-    "asg": "asg_tables.cli",
-    "bench": "bench.cli",
-    "recipe": "recipes.cli",
+    "serve": "pcgtts.server.cli",
+    "synth": "pcgtts.server.synth_cli",
+    "asg": "pcgtts.asg_tables.cli",
+    "bench": "pcgtts.bench.cli",
+    "recipe": "pcgtts.recipes.cli",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from recipes.demo.pipeline import STAGES, RecipeConfig, TrainPhase
+from pcgtts.recipes.demo.pipeline import STAGES, RecipeConfig, TrainPhase
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from recipes.demo.pipeline import run
+    from pcgtts.recipes.demo.pipeline import run
 
     unknown = [s for s in args.stages if s not in STAGES]
     if unknown:

@@ -9,17 +9,16 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from pcgtts.server.drain import Drain
+from pcgtts.server.errors import APIError, install_error_handlers
+from pcgtts.server.routes import playground, speech, system, voices, ws
+from pcgtts.server.security import http_authorized, install_log_redaction
+from pcgtts.server.settings import ServerSettings
+from pcgtts.server.state import AppState
+from pcgtts.tts import TTSService
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from server.drain import Drain
-from server.errors import APIError, install_error_handlers
-from server.routes import playground, speech, system, voices, ws
-from server.security import http_authorized, install_log_redaction
-from server.settings import ServerSettings
-from server.state import AppState
-from tts import TTSService
 
 API_DESCRIPTION = """
 OpenAI-compatible text-to-speech with speculative decoding (PCG acceptance).

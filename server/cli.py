@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 
-from server.settings import add_arguments, settings_from
+from pcgtts.server.settings import add_arguments, settings_from
 
 
 def register(subparsers) -> None:
@@ -30,8 +30,7 @@ def set_torch_threads(settings) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
-
-    from server.app import create_app
+    from pcgtts.server.app import create_app
 
     settings = settings_from(args)
     set_torch_threads(settings)

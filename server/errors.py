@@ -13,11 +13,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pcgtts.tts import EncoderUnavailable
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-
-from tts import EncoderUnavailable
 
 log = logging.getLogger("pcgtts.server")
 
@@ -156,7 +155,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        from server.schemas import SpeechRequest  # the one JSON body model
+        from pcgtts.server.schemas import SpeechRequest  # the one JSON body model
 
         err = validation_error(exc.errors(), model=SpeechRequest)
         return JSONResponse(err.body(), status_code=err.status)

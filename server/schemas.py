@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pcgtts.server.audio.formats import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from server.audio.formats import ResponseFormat
 
 MAX_INPUT_CHARS = 4096
 MAX_TOP_K = 1_000_000  # above any vocabulary served here; the service refuses more than its own vocabulary

@@ -11,7 +11,7 @@ import os
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from tts import TTSConfig
+from pcgtts.tts import TTSConfig
 
 MiB = 1 << 20
 

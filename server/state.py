@@ -10,14 +10,13 @@ from dataclasses import fields
 from pathlib import Path
 
 from fastapi import Request, WebSocket
-
-from server.drain import Drain
-from server.errors import APIError, not_ready
-from server.metrics import ServerMetrics
-from server.settings import ServerSettings
-from server.voice_store import VoiceStore
-from server.voices import VoiceLimits, VoiceResolver
-from tts import TTSConfig, TTSService
+from pcgtts.server.drain import Drain
+from pcgtts.server.errors import APIError, not_ready
+from pcgtts.server.metrics import ServerMetrics
+from pcgtts.server.settings import ServerSettings
+from pcgtts.server.voice_store import VoiceStore
+from pcgtts.server.voices import VoiceLimits, VoiceResolver
+from pcgtts.tts import TTSConfig, TTSService
 
 log = logging.getLogger("pcgtts.server")
 

@@ -11,15 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import numpy as np
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
-
-from server.drain import SHUTDOWN_REASON, ServerShuttingDown
-from server.errors import APIError, bad_request
-from server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
-from server.schemas import SamplingFields
-from tts import (
+from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown
+from pcgtts.server.errors import APIError, bad_request
+from pcgtts.server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
+from pcgtts.server.schemas import SamplingFields
+from pcgtts.tts import (
     InputTooLong,
     InvalidOptions,
     NothingToSay,
@@ -32,6 +28,9 @@ from tts import (
     TTSService,
     VoicePrompt,
 )
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 
 class ClientGone(Exception):

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from server.settings import add_arguments
+from pcgtts.server.settings import add_arguments
 
 # File extension -> response_format (the API's names).
 FORMATS_BY_EXTENSION = {".wav": "wav", ".mp3": "mp3", ".opus": "opus", ".ogg": "opus", ".aac": "aac",
@@ -62,12 +62,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"cannot tell the format of {str(args.output)!r} from its extension; use one of "
                      f"{', '.join(FORMATS_BY_EXTENSION)} or --format", EXIT_BAD_INPUT)
     from fastapi.testclient import TestClient
-
-    from server.app import create_app
-    from server.cli import set_torch_threads
-    from server.settings import settings_from
-    from server.state import tts_config
-    from tts import TTSService
+    from pcgtts.server.app import create_app
+    from pcgtts.server.cli import set_torch_threads
+    from pcgtts.server.settings import settings_from
+    from pcgtts.server.state import tts_config
+    from pcgtts.tts import TTSService
 
     settings = settings_from(args)
     set_torch_threads(settings)

@@ -12,11 +12,10 @@ import asyncio
 from collections import OrderedDict
 
 import numpy as np
-
-from server.audio.decode import AudioDecodeError, DecodedAudio, decode_audio, decode_base64_audio
-from server.errors import APIError, bad_request
-from server.voice_store import StoredVoice, VoiceStore
-from tts import ReferenceClip, TTSService, VoicePrompt
+from pcgtts.server.audio.decode import AudioDecodeError, DecodedAudio, decode_audio, decode_base64_audio
+from pcgtts.server.errors import APIError, bad_request
+from pcgtts.server.voice_store import StoredVoice, VoiceStore
+from pcgtts.tts import ReferenceClip, TTSService, VoicePrompt
 
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
                  "verse", "marin", "cedar")

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
+from pcgtts.server.schemas import ErrorDetail
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
-
-from server.schemas import ErrorDetail
 
 MAX_QUEUED = 8  # utterances waiting behind the running one, per connection
 

@@ -1,8 +1,8 @@
 """Shared fixtures: one model bundle and one TTS service per session, a live server per test module.
 
 Tests sit by area (tests/engine, tests/acceptance, tests/tts, tests/server, ...); an area's own fixtures
-live in its conftest.py. The repo root comes first on sys.path (pyproject: pythonpath), so that
-tests/engine never shadows the engine package."""
+live in its conftest.py. The code under test is imported by its installed name (`pcgtts.engine`, ...), so a
+test folder named like a room never shadows it."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ def demo_bundle(tmp_path_factory):
     import os
     from pathlib import Path
 
+    from pcgtts.tts.bundle import DEFAULT_MODEL_DIR
     from server_support import build_tiny_bundle, embedded_model_ready
-
-    from tts.bundle import DEFAULT_MODEL_DIR
 
     if os.environ.get("PCGTTS_TEST_MODEL"):
         return Path(os.environ["PCGTTS_TEST_MODEL"])
@@ -29,7 +28,7 @@ def demo_bundle(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tts_service(demo_bundle):
-    from tts import TTSConfig, TTSService
+    from pcgtts.tts import TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(model_dir=demo_bundle))
     yield service
@@ -39,9 +38,8 @@ def tts_service(demo_bundle):
 @pytest.fixture(scope="module")
 def live_server(demo_bundle, tts_service, tmp_path_factory):
     """A real uvicorn server on a loopback port serving the shared TTS service, one per test module."""
+    from pcgtts.server.settings import ServerSettings
     from server_support import LiveServer, free_port
-
-    from server.settings import ServerSettings
 
     settings = ServerSettings(model=str(demo_bundle), port=free_port(),
                               data_dir=str(tmp_path_factory.mktemp("server-data")))

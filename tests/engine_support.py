@@ -13,7 +13,7 @@ DEVICE = os.environ.get("PCGTTS_TEST_DEVICE", "cpu")
 
 def engine_config(target, **kw):
     """EngineConfig on the test device."""
-    from engine import EngineConfig
+    from pcgtts.engine import EngineConfig
 
     return EngineConfig(target=target, device=DEVICE, **kw)
 
@@ -85,8 +85,8 @@ def save_feature_head(target_dir: Path, path: Path, *, inner: int = 64, blocks: 
     """A random feature-head draft for a target (recipes/demo/train_draft_head.py's module, its blocks'
     output weights scaled by `scale`): it steps the target's state a little, so its proposals are near the
     target's previous distribution and agree with the next one sometimes."""
-    from engine.model.feature_head import FeatureHeadConfig
-    from recipes.demo.train_draft_head import FeatureHeadModule, export_head
+    from pcgtts.engine.model.feature_head import FeatureHeadConfig
+    from pcgtts.recipes.demo.train_draft_head import FeatureHeadModule, export_head
 
     target = hf_model(target_dir)
     cfg = FeatureHeadConfig(hidden_size=target.config.hidden_size, intermediate_size=inner, num_blocks=blocks,

@@ -23,9 +23,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, MANIFEST
 from safetensors.torch import load_file
-
-from tts.bundle import DEFAULT_MODEL_DIR, MANIFEST
 
 TINY_CODEBOOK = 1024  # codes; with 160 marker slots a random model speaks ~6 frames per phoneme
 SENTENCES = ["The quick brown fox jumps over the lazy dog.", "She sells sea shells by the sea shore.",
@@ -39,11 +38,10 @@ def embedded_model_ready(root: Path = DEFAULT_MODEL_DIR) -> bool:
 
 def build_tiny_bundle(root: Path, seed: int = 0) -> Path:
     from engine_support import save_draft_from, save_tiny_llama
-
-    from asg_tables import build_asg
-    from engine.codec.demo.codec import DemoMelCodec
-    from engine.speech.demo.espeak import phonemize
-    from engine.speech.demo.layout import DemoVocab
+    from pcgtts.asg_tables import build_asg
+    from pcgtts.engine.codec.demo.codec import DemoMelCodec
+    from pcgtts.engine.speech.demo.espeak import phonemize
+    from pcgtts.engine.speech.demo.layout import DemoVocab
 
     root.mkdir(parents=True, exist_ok=True)
     inventory = sorted({p for s in SENTENCES for p in phonemize(s)})
@@ -83,11 +81,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_process(env: dict[str, str], args: list[str] = (), ready_timeout: float = 300.0):
+def serve_process(env: dict[str, str], args: list[str] = (), ready_timeout: float = 300.0,
+                  command: list[str] | None = None, cwd: Path | None = None):
     """`pcgtts serve ARGS` as a real process on a free loopback port, until /ready answers 200.
-    Yields its base URL; terminates it afterwards."""
+    `command` runs another installation's `pcgtts` (default: this interpreter's). Yields its base URL;
+    terminates it afterwards."""
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve", "--port", str(port), *args],
+    command = command or [sys.executable, "-m", "pcgtts.cli"]
+    process = subprocess.Popen([*command, "serve", "--port", str(port), *args], cwd=cwd,
                                env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -112,8 +113,7 @@ class LiveServer:
 
     def __init__(self, settings, service=None):
         import uvicorn
-
-        from server.app import create_app
+        from pcgtts.server.app import create_app
 
         self.settings = settings
         self.app = create_app(settings, service)

@@ -1,6 +1,8 @@
 """The layers import only downwards: server -> tts (its public API) -> engine (+ asg_tables).
 
-Every import statement counts, also those inside functions (lazy imports are still dependencies).
+Every import statement counts, also those inside functions (lazy imports are still dependencies). The rooms
+are folders at the repository's top (`engine/`) installed as `pcgtts.<room>` (setup.py), so a file's
+package is `pcgtts.` + its folder, and only `pcgtts.`-prefixed imports name them.
 """
 
 from __future__ import annotations
@@ -10,24 +12,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# package -> (modules it must not import, or "name." for every submodule of name; why)
+PREFIX = "pcgtts."
+# room -> (modules it must not import, or "name." for every submodule of name; why)
 FORBIDDEN = {
-    "server": (("engine", "tts."), "the server uses the TTS service through `tts` alone"),
-    "tts": (("server",), "the TTS service knows nothing of HTTP"),
-    "engine": (("server", "tts"), "the engine knows nothing of the service or the server above it"),
-    "asg_tables": (("server", "tts"), "ASG tables are a library under the engine"),
+    "server": (("pcgtts.engine", "pcgtts.tts."), "the server uses the TTS service through `pcgtts.tts`"),
+    "tts": (("pcgtts.server",), "the TTS service knows nothing of HTTP"),
+    "engine": (("pcgtts.server", "pcgtts.tts"), "the engine knows nothing of the service or the server"),
+    "asg_tables": (("pcgtts.server", "pcgtts.tts"), "ASG tables are a library under the engine"),
 }
 
 
 def is_module(root: Path, name: str) -> bool:
-    path = root.joinpath(*name.split("."))
+    """Whether `pcgtts.room.x` names a module or package of the room's folder `room/x`."""
+    if not name.startswith(PREFIX):
+        return False
+    path = root.joinpath(*name.removeprefix(PREFIX).split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in the file; relative imports are resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    here = list(path.relative_to(root).parent.parts)  # the file's package
+    here = ["pcgtts", *path.relative_to(root).parent.parts]  # the file's package
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -60,22 +66,45 @@ def layer_violations(root: Path) -> list[str]:
     return sorted(set(out))
 
 
+def bare_room_imports(root: Path) -> list[str]:
+    """Imports that name a room by its folder (`engine.x`) instead of its installed name (`pcgtts.engine.x`):
+    outside a source checkout no such module exists, or it is somebody else's."""
+    rooms = [*FORBIDDEN, "bench", "recipes", "models"]
+    out = []
+    for path in sorted(p for folder in [*rooms, "pcgtts", "tests"] for p in (root / folder).rglob("*.py")):
+        for line, module in imported_modules(path, root):
+            if module.split(".")[0] in rooms:
+                out.append(f"{path.relative_to(root)}:{line} imports {module}")
+    return out
+
+
+def test_rooms_are_imported_by_their_installed_name(tmp_path):
+    assert bare_room_imports(ROOT) == []
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/t.py").write_text("from engine.config import EngineConfig\nimport pcgtts.tts\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench/b.py").write_text("def f():\n    import recipes.cli\n")
+    assert bare_room_imports(tmp_path) == ["bench/b.py:2 imports recipes.cli",
+                                           "tests/t.py:1 imports engine.config"]
+
+
 def test_layers_import_only_downwards():
     assert layer_violations(ROOT) == []
 
 
 def test_the_check_finds_violations(tmp_path):
     files = {
-        "server/ok.py": "from tts import TTSService\nimport fastapi\n",
-        "server/internal.py": "from tts.service import TTSService\n",
-        "server/engine_use.py": "def f():\n    from engine.config import EngineConfig\n",
+        "server/ok.py": "from pcgtts.tts import TTSService\nimport fastapi\nimport server\n",
+        "server/internal.py": "from pcgtts.tts.service import TTSService\n",
+        "server/engine_use.py": "def f():\n    from pcgtts.engine.config import EngineConfig\n",
         "server/sub/rel.py": "from ...engine import Engine\n",
-        "tts/ok.py": "from engine.speech.base import VoicePrompt\n",
-        "tts/up.py": "import server.app\n",
-        "engine/ok.py": "from engine.acceptance import make_rule\nfrom asg_tables import ASGTable\n",
-        "engine/sub/up.py": "from .. import sampling\nfrom tts import TTSService\n",
-        "engine/lazy.py": "class A:\n    def m(self):\n        import server\n",
-        "asg_tables/up.py": "from tts.bundle import ModelBundle\n",
+        "tts/ok.py": "from pcgtts.engine.speech.base import VoicePrompt\n",
+        "tts/up.py": "import pcgtts.server.app\n",
+        "engine/ok.py": ("from pcgtts.engine.acceptance import make_rule\n"
+                         "from pcgtts.asg_tables import ASGTable\n"),
+        "engine/sub/up.py": "from .. import sampling\nfrom pcgtts.tts import TTSService\n",
+        "engine/lazy.py": "class A:\n    def m(self):\n        import pcgtts.server\n",
+        "asg_tables/up.py": "from pcgtts.tts.bundle import ModelBundle\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -84,4 +113,4 @@ def test_the_check_finds_violations(tmp_path):
     flagged = {v.split(":")[0] for v in found}
     assert flagged == {"server/internal.py", "server/engine_use.py", "server/sub/rel.py", "tts/up.py",
                        "engine/sub/up.py", "engine/lazy.py", "asg_tables/up.py"}, found
-    assert any("engine/sub/up.py:2 imports tts" in v for v in found)
+    assert any("engine/sub/up.py:2 imports pcgtts.tts" in v for v in found)

@@ -40,3 +40,60 @@ def test_make_install_shows_each_stage_and_names_the_cpu_torch(tmp_path):
     torch_line = next(line for line in steps.splitlines() if "torch==" in line)
     assert "torch==2.13.0+cpu" in torch_line  # the CPU build, never PyPI's CUDA one
     assert "download.pytorch.org/whl/cpu" in steps
+
+
+def _wheel(source: Path, out: Path) -> Path:
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(out), str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return next(out.glob("*.whl"))
+
+
+def test_installs_one_top_level_name_beside_another_server_package(tmp_path):
+    """`pip install .` into a fresh environment that already holds a top-level `server` package: the wheel
+    adds only `pcgtts` (the rooms are its subpackages, the embedded model its data), the other `server`
+    still imports, and the installed `pcgtts serve` loads the embedded model and answers /ready."""
+    import zipfile
+
+    from server_support import serve_process
+
+    other = tmp_path / "other"
+    (other / "server").mkdir(parents=True)
+    (other / "server" / "__init__.py").write_text("WHO = 'somebody else'\n")
+    (other / "pyproject.toml").write_text('[project]\nname = "other-server"\nversion = "1.0"\n'
+                                          '[tool.setuptools]\npackages = ["server"]\n')
+    ours = _wheel(ROOT, tmp_path / "our-wheel")
+    top_level = {name.split("/")[0] for name in zipfile.ZipFile(ours).namelist()}
+    assert top_level == {"pcgtts", ours.name.split("-")[0] + "-0.1.0.dist-info"}, top_level
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    # the other `server` first: it is already there when pcgtts arrives
+    for wheel in (_wheel(other, tmp_path / "other-wheel"), ours):
+        done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
+                               "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    # pcgtts's own dependencies (torch, fastapi, ...) from this environment, added after pip has run so
+    # that pip never sees this environment's editable pcgtts
+    import sysconfig
+    (Path(purelib) / "test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    probe = ("import server, pcgtts.server, pcgtts.engine, pcgtts.models; "
+             "print(server.WHO); print(pcgtts.server.__file__); print(pcgtts.models.__file__)")
+    done = subprocess.run([str(python), "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    who, server_file, models_file = done.stdout.split("\n")[:3]
+    assert who == "somebody else"
+    assert server_file.startswith(purelib) and models_file.startswith(purelib)  # not this checkout
+    assert (Path(models_file).parent / "demo-en" / "target" / "model.safetensors").is_file()
+
+    env = {"PCGTTS_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": ""}
+    with serve_process(env, command=[str(venv / "bin" / "pcgtts")], cwd=tmp_path) as url:
+        import httpx
+
+        models = httpx.get(url + "/v1/models", timeout=10)
+        assert models.status_code == 200, models.text

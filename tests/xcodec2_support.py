@@ -23,6 +23,6 @@ def require_xcodec2() -> None:
 
 def build_codec_dirs(root: Path) -> tuple[Path, Path]:
     """-> (codec dir, semantic model dir), reduced sizes (engine.codec.xcodec2.synthetic)."""
-    from engine.codec.xcodec2.synthetic import save_random_codec, save_random_semantic
+    from pcgtts.engine.codec.xcodec2.synthetic import save_random_codec, save_random_semantic
 
     return save_random_codec(root / "xcodec2", seed=1), save_random_semantic(root / "w2v-bert", seed=2)

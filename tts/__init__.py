@@ -12,10 +12,10 @@ The server and the `pcgtts synth` CLI use only what this module exports; one req
     cli.py          `pcgtts synth`
 """
 
-from engine.codec.base import EncoderUnavailable
-from engine.speech.base import VoicePrompt
-from tts.decode_pool import CodecStats
-from tts.errors import (
+from pcgtts.engine.codec.base import EncoderUnavailable
+from pcgtts.engine.speech.base import VoicePrompt
+from pcgtts.tts.decode_pool import CodecStats
+from pcgtts.tts.errors import (
     InputTooLong,
     InvalidOptions,
     NothingToSay,
@@ -23,8 +23,8 @@ from tts.errors import (
     ServiceUnavailable,
     SynthesisFailed,
 )
-from tts.service import EngineStats, TTSConfig, TTSService
-from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
+from pcgtts.tts.service import EngineStats, TTSConfig, TTSService
+from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
 
 __all__ = ["CodecStats", "EncoderUnavailable", "EngineStats", "InputTooLong", "InvalidOptions",
            "NothingToSay", "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis",

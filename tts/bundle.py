@@ -27,12 +27,12 @@ from pathlib import Path
 
 # name -> "module:Class"; each class provides `from_dir(path) -> instance`.
 FAMILIES = {
-    "demo-phoneme": "engine.speech.demo.family:DemoPhonemeFamily",
-    "llasa": "engine.speech.llasa:LlasaFamily",
+    "demo-phoneme": "pcgtts.engine.speech.demo.family:DemoPhonemeFamily",
+    "llasa": "pcgtts.engine.speech.llasa:LlasaFamily",
 }
 CODECS = {
-    "demo-mel": "engine.codec.demo.codec:DemoMelCodec",
-    "xcodec2": "engine.codec.xcodec2:XCodec2Codec",
+    "demo-mel": "pcgtts.engine.codec.demo.codec:DemoMelCodec",
+    "xcodec2": "pcgtts.engine.codec.xcodec2:XCodec2Codec",
 }
 
 MANIFEST = "pcgtts.json"

@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-
-from engine.codec.base import Codec, StreamingDecoder
-from engine.faults import is_device_fault
-from engine.torch_threads import adopt_torch_threads
+from pcgtts.engine.codec.base import Codec, StreamingDecoder
+from pcgtts.engine.faults import is_device_fault
+from pcgtts.engine.torch_threads import adopt_torch_threads
 
 
 @dataclass

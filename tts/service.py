@@ -29,16 +29,15 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-
-from engine.codec.base import Codec
-from engine.config import EngineConfig
-from engine.metrics import EngineMetrics
-from engine.speech.base import SpeechFamily, VoicePrompt
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
-from tts.decode_pool import CodecStats, DecodePool
-from tts.errors import InvalidOptions, NothingToSay
-from tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions
-from tts.text import split_sentences
+from pcgtts.engine.codec.base import Codec
+from pcgtts.engine.config import EngineConfig
+from pcgtts.engine.metrics import EngineMetrics
+from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.tts.decode_pool import CodecStats, DecodePool
+from pcgtts.tts.errors import InvalidOptions, NothingToSay
+from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions
+from pcgtts.tts.text import split_sentences
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -113,7 +112,7 @@ class TTSService:
     @classmethod
     def load(cls, config: TTSConfig) -> TTSService:
         """Blocking: loads family, codec, presets and the engine (seconds for the embedded model)."""
-        from engine.async_engine import AsyncEngine
+        from pcgtts.engine.async_engine import AsyncEngine
 
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
                                       draft_dir=config.draft_dir)
@@ -238,7 +237,7 @@ class TTSService:
     @cached_property
     def default_sampling(self):
         """SamplingParams defaults with the bundle's own (e.g. the demo model's temperature) applied."""
-        from engine.config import SamplingParams
+        from pcgtts.engine.config import SamplingParams
 
         try:
             return replace(SamplingParams(), **self.bundle.sampling)
@@ -257,7 +256,7 @@ class TTSService:
     @property
     def acceptance_rules(self) -> list[str]:
         """Rules a request may pick; those that use an ASG table (pcg, lantern) only when one is loaded."""
-        from engine.acceptance import RULES, uses_asg_table
+        from pcgtts.engine.acceptance import RULES, uses_asg_table
 
         if not self.engine_gamma:
             return ["none"]
@@ -293,7 +292,7 @@ class TTSService:
                                  f"{self.asg_table_names} (load more with --extra-asg-tables).", "asg_table")
 
     def sampling_params(self, options: SynthesisOptions, prompt, index: int = 0):
-        from engine.config import SamplingParams
+        from pcgtts.engine.config import SamplingParams
 
         defaults = self.default_sampling
         rule = options.acceptance

@@ -12,13 +12,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-
-from engine.codec.base import StreamingDecoder
-from engine.speech.base import SpeechPrompt, VoicePrompt
-from tts.errors import InputTooLong, NothingToSay, ServiceOverloaded, ServiceUnavailable, SynthesisFailed
+from pcgtts.engine.codec.base import StreamingDecoder
+from pcgtts.engine.speech.base import SpeechPrompt, VoicePrompt
+from pcgtts.tts.errors import (
+    InputTooLong,
+    NothingToSay,
+    ServiceOverloaded,
+    ServiceUnavailable,
+    SynthesisFailed,
+)
 
 if TYPE_CHECKING:
-    from tts.service import TTSService
+    from pcgtts.tts.service import TTSService
 
 log = logging.getLogger("pcgtts.tts")
 
@@ -241,7 +246,13 @@ class Synthesis:
 @contextmanager
 def _engine_errors():
     """Engine exceptions -> the service's own, so the server needs no engine imports."""
-    from engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed, RequestTooLong
+    from pcgtts.engine.errors import (
+        EngineFault,
+        EngineOverloaded,
+        EngineShutdown,
+        RequestFailed,
+        RequestTooLong,
+    )
 
     try:
         yield

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import importlib
 
-from engine.acceptance.base import AcceptanceRule
-from engine.acceptance.verdict import Verdict
-from engine.acceptance.warp import logits_to_probs
+from pcgtts.engine.acceptance.base import AcceptanceRule
+from pcgtts.engine.acceptance.verdict import Verdict
+from pcgtts.engine.acceptance.warp import logits_to_probs
 
 # name -> "module:Class"; constructors take the rule's keyword parameters.
 RULES = {
-    "exact": "engine.acceptance.exact:ExactRule",
-    "pcg": "engine.acceptance.pcg:PCGRule",
-    "ssd": "engine.acceptance.ssd:SSDRule",
-    "topk": "engine.acceptance.topk:TopKRule",
-    "lantern": "engine.acceptance.lantern:LanternRule",
+    "exact": "pcgtts.engine.acceptance.exact:ExactRule",
+    "pcg": "pcgtts.engine.acceptance.pcg:PCGRule",
+    "ssd": "pcgtts.engine.acceptance.ssd:SSDRule",
+    "topk": "pcgtts.engine.acceptance.topk:TopKRule",
+    "lantern": "pcgtts.engine.acceptance.lantern:LanternRule",
 }
 
 
@@ -44,7 +44,7 @@ def uses_asg_table(name: str) -> bool:
     return rule_class(name).uses_asg_table
 
 
-from engine.acceptance.cache import RuleCache  # noqa: E402 (it builds rules with make_rule)
+from pcgtts.engine.acceptance.cache import RuleCache  # noqa: E402 (it builds rules with make_rule)
 
 __all__ = ["RULES", "AcceptanceRule", "RuleCache", "Verdict", "logits_to_probs", "make_rule", "rule_class",
            "uses_asg_table"]

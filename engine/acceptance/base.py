@@ -13,9 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
-
-from engine.acceptance.sampling import sample_rows, uniform
-from engine.acceptance.verdict import Verdict
+from pcgtts.engine.acceptance.sampling import sample_rows, uniform
+from pcgtts.engine.acceptance.verdict import Verdict
 
 
 def check_shapes(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:

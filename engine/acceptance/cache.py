@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
-from engine.acceptance.base import AcceptanceRule
+from pcgtts.engine.acceptance.base import AcceptanceRule
 
 # Parameters through which a group rule is given its groups directly instead of an ASG table file.
 _OWN_GROUPS = ("table", "embeddings", "neighbours")
@@ -30,7 +29,7 @@ class RuleCache:
 
     def _key(self, name: str | None, table: str | None) -> tuple[str, str | None]:
         """(rule, table) after defaults, with ValueError for an unknown rule or table. No I/O."""
-        from engine.acceptance import uses_asg_table
+        from pcgtts.engine.acceptance import uses_asg_table
 
         name = name or self.default
         if not uses_asg_table(name):
@@ -58,7 +57,7 @@ class RuleCache:
     def get(self, name: str | None = None, table: str | None = None) -> AcceptanceRule:
         """The rule called `name` (None = the default) over the ASG table called `table` (None = the
         default; only rules that use a table take one)."""
-        from engine.acceptance import make_rule
+        from pcgtts.engine.acceptance import make_rule
 
         key = self._key(name, table)
         if key not in self._rules:
@@ -75,7 +74,7 @@ class RuleCache:
 
     def _table(self, name: str):
         if name not in self._loaded:
-            from asg_tables import ASGTable  # only deployments using group rules need it
+            from pcgtts.asg_tables import ASGTable  # only deployments using group rules need it
 
             self._loaded[name] = ASGTable.load(self.tables[name]).to(self.device)
         return self._loaded[name]

@@ -9,11 +9,10 @@ rule draw for draw: its coarse test and residual are the token-level ones (tests
 from __future__ import annotations
 
 import torch
-
-from asg_tables.table import ASGTable
-from engine.acceptance.base import TokenLevelRule, check_shapes, token_probs
-from engine.acceptance.verdict import Verdict
-from engine.cpu_kernel import compiled_applies
+from pcgtts.asg_tables.table import ASGTable
+from pcgtts.engine.acceptance.base import TokenLevelRule, check_shapes, token_probs
+from pcgtts.engine.acceptance.verdict import Verdict
+from pcgtts.engine.cpu_kernel import compiled_applies
 
 
 def ratio_test(
@@ -56,7 +55,7 @@ class ExactRule(TokenLevelRule):
     def _singletons_over(self, vocab: int):
         """The compiled verify over `vocab` singleton groups, built once per vocabulary size."""
         if vocab not in self._singletons:
-            from engine.acceptance.pcg_cpu import CompiledPCG
+            from pcgtts.engine.acceptance.pcg_cpu import CompiledPCG
 
             self._singletons[vocab] = CompiledPCG(ASGTable.from_groups([], vocab))
         return self._singletons[vocab]

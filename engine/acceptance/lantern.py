@@ -12,10 +12,9 @@ paper's latent proximity) or from an ASG `table=` (the other members of G(x), un
 from __future__ import annotations
 
 import torch
-
-from asg_tables.neighbours import NeighbourIndex, nearest_neighbours, neighbours_from_table
-from asg_tables.table import ASGTable
-from engine.acceptance.base import TokenLevelRule, token_probs
+from pcgtts.asg_tables.neighbours import NeighbourIndex, nearest_neighbours, neighbours_from_table
+from pcgtts.asg_tables.table import ASGTable
+from pcgtts.engine.acceptance.base import TokenLevelRule, token_probs
 
 
 class LanternRule(TokenLevelRule):

@@ -16,9 +16,8 @@ Small tables verify on the CPU with the compiled loop of pcg_cpu.py; elsewhere (
 from __future__ import annotations
 
 import torch
-
-from asg_tables.table import ASGTable
-from engine.acceptance.base import (
+from pcgtts.asg_tables.table import ASGTable
+from pcgtts.engine.acceptance.base import (
     AcceptanceRule,
     assemble,
     check_shapes,
@@ -27,9 +26,9 @@ from engine.acceptance.base import (
     rows_at,
     select_rows,
 )
-from engine.acceptance.sampling import sample_rows, sample_segments, uniform
-from engine.acceptance.verdict import Verdict
-from engine.cpu_kernel import compiled_applies
+from pcgtts.engine.acceptance.sampling import sample_rows, sample_segments, uniform
+from pcgtts.engine.acceptance.verdict import Verdict
+from pcgtts.engine.cpu_kernel import compiled_applies
 
 # Up to this vocabulary size, enumerated PCG works on padded member matrices ([M, largest group]): fewer ops
 # per step; beyond it, ragged segment sums and sparse products cost less memory.
@@ -142,7 +141,7 @@ class PCGRule(AcceptanceRule):
         """The compiled CPU verify for `table`, built once per table (the first build in a process compiles
         the loop, or loads it from numba's disk cache: ~1 s / ~0.2 s)."""
         if self._compiled_for is None or self._compiled_for[0] is not table:
-            from engine.acceptance.pcg_cpu import CompiledPCG
+            from pcgtts.engine.acceptance.pcg_cpu import CompiledPCG
 
             self._compiled_for = (table, CompiledPCG(table))
         return self._compiled_for[1]

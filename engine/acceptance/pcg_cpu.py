@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from asg_tables.table import ASGTable
-from engine.acceptance.sampling import uniform
-from engine.cpu_kernel import cpu_kernel, draw_index
+from pcgtts.asg_tables.table import ASGTable
+from pcgtts.engine.acceptance.sampling import uniform
+from pcgtts.engine.cpu_kernel import cpu_kernel, draw_index
 
 
 @cpu_kernel()

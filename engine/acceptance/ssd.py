@@ -7,8 +7,8 @@ the SSD paper β = 0.4).
 
 from __future__ import annotations
 
-from engine.acceptance.base import TokenLevelRule
-from engine.acceptance.exact import ratio_test
+from pcgtts.engine.acceptance.base import TokenLevelRule
+from pcgtts.engine.acceptance.exact import ratio_test
 
 
 class SSDRule(TokenLevelRule):

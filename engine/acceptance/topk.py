@@ -9,8 +9,7 @@ condition keeps tokens that warping or masking removed from the target (e.g. a f
 from __future__ import annotations
 
 import torch
-
-from engine.acceptance.base import TokenLevelRule, token_probs
+from pcgtts.engine.acceptance.base import TokenLevelRule, token_probs
 
 
 class TopKRule(TokenLevelRule):

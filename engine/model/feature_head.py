@@ -27,9 +27,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from pcgtts.engine.model.llama import LlamaModel, Projection, RMSNorm
 from safetensors.torch import load_file
-
-from engine.model.llama import LlamaModel, Projection, RMSNorm
 
 ARCHITECTURE = "PcgttsFeatureHead"
 

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-from engine.attention import AttentionBackend, PagedBatch
-from engine.kv_cache import KVCache
-from engine.model.config import LlamaConfig
-from engine.model.rope import RotaryEmbedding
+from pcgtts.engine.attention import AttentionBackend, PagedBatch
+from pcgtts.engine.kv_cache import KVCache
+from pcgtts.engine.model.config import LlamaConfig
+from pcgtts.engine.model.rope import RotaryEmbedding
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

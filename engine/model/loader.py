@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import torch
+from pcgtts.engine.model.config import DTYPES, LlamaConfig
+from pcgtts.engine.model.llama import LayerWeights, LlamaModel, Projection, RMSNorm
+from pcgtts.engine.model.rope import interleave_rope_rows
 from safetensors import safe_open
-
-from engine.model.config import DTYPES, LlamaConfig
-from engine.model.llama import LayerWeights, LlamaModel, Projection, RMSNorm
-from engine.model.rope import interleave_rope_rows
 
 
 def cpu_has_native_bf16() -> bool:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engine.speech.base import DecodeConstraint, SpeechFamily, SpeechPrompt, VoicePrompt
+from pcgtts.engine.speech.base import DecodeConstraint, SpeechFamily, SpeechPrompt, VoicePrompt
 
 TEXT_UNDERSTANDING_START = 128258
 TEXT_UNDERSTANDING_END = 128259

@@ -16,12 +16,11 @@ import json
 from pathlib import Path
 
 import torch
+from pcgtts.asg_tables import ASGTable, build_asg
+from pcgtts.asg_tables.build import seed_group_sizes
+from pcgtts.asg_tables.embeddings import read_embedding_rows
+from pcgtts.engine.speech.demo.layout import DemoVocab
 from safetensors.torch import load_file
-
-from asg_tables import ASGTable, build_asg
-from asg_tables.build import seed_group_sizes
-from asg_tables.embeddings import read_embedding_rows
-from engine.speech.demo.layout import DemoVocab
 
 THETAS = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7, 0.8]
 RADIUS_FRACTIONS = [0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6]

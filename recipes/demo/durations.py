@@ -8,9 +8,8 @@ both speaking rates). The percentile was chosen by free-running WER on held-out 
 from __future__ import annotations
 
 import numpy as np
-
-from engine.speech.demo.layout import PHONEME_OFFSET, DemoVocab, phoneme_durations
-from recipes.demo.lm_data import Utterances
+from pcgtts.engine.speech.demo.layout import PHONEME_OFFSET, DemoVocab, phoneme_durations
+from pcgtts.recipes.demo.lm_data import Utterances
 
 CAP_PERCENTILE = 95.0
 

@@ -7,12 +7,11 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
-from recipes.demo.eval_tools import Transcriber, corpus_wer
-from recipes.demo.prepare import NUM_VAL
-from recipes.demo.speakers import split_speakers
-from recipes.demo.synth_corpus import render
-from recipes.demo.text_corpus import collect_sentences
+from pcgtts.recipes.demo.eval_tools import Transcriber, corpus_wer
+from pcgtts.recipes.demo.prepare import NUM_VAL
+from pcgtts.recipes.demo.speakers import split_speakers
+from pcgtts.recipes.demo.synth_corpus import render
+from pcgtts.recipes.demo.text_corpus import collect_sentences
 
 
 def eval_sentences(count: int, seed: int = 0) -> list[tuple[str, int]]:

@@ -16,17 +16,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-
-from engine import Engine, EngineConfig, SamplingParams
-from engine.codec.demo.features import HOP
-from engine.speech.base import VoicePrompt
-from engine.speech.demo.layout import MAX_REF_FRAMES
-from recipes.demo.eval_codec import eval_sentences
-from recipes.demo.eval_tools import SpeakerEncoder, Transcriber, corpus_wer
-from recipes.demo.speakers import split_speakers
-from recipes.demo.synth_corpus import render
-from recipes.demo.voices import preset_speakers, reference_clip
-from tts.bundle import ModelBundle
+from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.engine.codec.demo.features import HOP
+from pcgtts.engine.speech.base import VoicePrompt
+from pcgtts.engine.speech.demo.layout import MAX_REF_FRAMES
+from pcgtts.recipes.demo.eval_codec import eval_sentences
+from pcgtts.recipes.demo.eval_tools import SpeakerEncoder, Transcriber, corpus_wer
+from pcgtts.recipes.demo.speakers import split_speakers
+from pcgtts.recipes.demo.synth_corpus import render
+from pcgtts.recipes.demo.voices import preset_speakers, reference_clip
+from pcgtts.tts.bundle import ModelBundle
 
 MAX_TOKENS = 700  # ~10 s of speech plus markers: far beyond any eval sentence
 

@@ -11,8 +11,7 @@ import time
 
 import numpy as np
 import torch
-
-from engine.codec.demo.features import LOG_FLOOR
+from pcgtts.engine.codec.demo.features import LOG_FLOOR
 
 
 def nearest(frames: torch.Tensor, centroids: torch.Tensor,

@@ -12,8 +12,7 @@ from functools import cached_property
 
 import numpy as np
 import torch
-
-from engine.speech.demo.layout import MAX_REF_FRAMES, DemoVocab, prompt_tokens, speech_tokens
+from pcgtts.engine.speech.demo.layout import MAX_REF_FRAMES, DemoVocab, prompt_tokens, speech_tokens
 
 IGNORE = -100
 NO_REF_RATE = 0.05  # share of examples without a reference clip (the model can then speak voiceless)

@@ -75,15 +75,15 @@ def load_data(run_dir: Path) -> dict:
 
 
 def stage_corpus(cfg: RecipeConfig) -> None:
-    from recipes.demo.synth_corpus import synth_corpus
-    from recipes.demo.text_corpus import ensure_text_packages
+    from pcgtts.recipes.demo.synth_corpus import synth_corpus
+    from pcgtts.recipes.demo.text_corpus import ensure_text_packages
 
     ensure_text_packages()
     synth_corpus(cfg.run_dir / "corpus", cfg.num_utterances, cfg.seed, cfg.workers)
 
 
 def stage_prepare(cfg: RecipeConfig) -> None:
-    from recipes.demo.prepare import prepare
+    from pcgtts.recipes.demo.prepare import prepare
 
     if (cfg.run_dir / "data.pt").exists():
         print("[prepare] data.pt exists, kept")
@@ -92,7 +92,7 @@ def stage_prepare(cfg: RecipeConfig) -> None:
 
 
 def stage_train(cfg: RecipeConfig) -> None:
-    from recipes.demo.train_lm import ModelSize, TrainConfig, train
+    from pcgtts.recipes.demo.train_lm import ModelSize, TrainConfig, train
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -100,8 +100,8 @@ def stage_train(cfg: RecipeConfig) -> None:
     init = cfg.init_from / "target" if cfg.init_from else None
     code_maps = None
     if any(phase.speaker_warp for phase in cfg.phases):
-        from engine.codec.demo.codec import DemoMelCodec
-        from recipes.demo.speaker_warp import warp_code_maps
+        from pcgtts.engine.codec.demo.codec import DemoMelCodec
+        from pcgtts.recipes.demo.speaker_warp import warp_code_maps
 
         code_maps = warp_code_maps(DemoMelCodec.from_dir(cfg.run_dir / "codec"))
     deadline = None if cfg.train_minutes is None else time.time() + 60 * cfg.train_minutes
@@ -120,10 +120,10 @@ def stage_decoder(cfg: RecipeConfig) -> None:
     """Fit the conv decoder; keep it only if it measures better (Whisper WER) than the centroid lookup."""
     import json
 
-    from engine.codec.demo.codec import DemoMelCodec
-    from recipes.demo.eval_codec import roundtrip_wer
-    from recipes.demo.synth_corpus import load_corpus
-    from recipes.demo.train_decoder import DECODER_KWARGS, decoder_l1, train_decoder
+    from pcgtts.engine.codec.demo.codec import DemoMelCodec
+    from pcgtts.recipes.demo.eval_codec import roundtrip_wer
+    from pcgtts.recipes.demo.synth_corpus import load_corpus
+    from pcgtts.recipes.demo.train_decoder import DECODER_KWARGS, decoder_l1, train_decoder
 
     out = cfg.run_dir / "codec_final"
     if (out / "codec.json").exists():
@@ -150,7 +150,7 @@ def stage_decoder(cfg: RecipeConfig) -> None:
 
 def stage_durations(cfg: RecipeConfig) -> None:
     """The duration model (engine/speech/demo/durations.py) from the corpus's phoneme alignments."""
-    from recipes.demo.train_durations import train_durations
+    from pcgtts.recipes.demo.train_durations import train_durations
 
     out = cfg.run_dir / "duration"
     if (out / "model.safetensors").exists():
@@ -164,7 +164,7 @@ def stage_durations(cfg: RecipeConfig) -> None:
 def export_target(cfg: RecipeConfig) -> Path:
     """The run's export directory, holding the target the drafts learn from: the trained checkpoint's export,
     or (a new draft for a shipped target) the `--init-from` bundle's weights."""
-    from recipes.demo.train_lm import export
+    from pcgtts.recipes.demo.train_lm import export
 
     export_dir = cfg.run_dir / "export"
     if (cfg.run_dir / "target" / "ckpt.pt").exists():
@@ -193,9 +193,8 @@ def draft_training_inputs(cfg: RecipeConfig, exported: str):
 
 def stage_draft(cfg: RecipeConfig) -> None:
     """Export the target checkpoint (fp16 Hugging Face dir) and distil the draft from it."""
+    from pcgtts.recipes.demo.train_draft import DraftShape, distill, held_out_acceptance
     from transformers import LlamaForCausalLM
-
-    from recipes.demo.train_draft import DraftShape, distill, held_out_acceptance
 
     inputs = draft_training_inputs(cfg, "draft")
     if inputs is None:
@@ -213,7 +212,7 @@ def stage_draft(cfg: RecipeConfig) -> None:
 
 def stage_head(cfg: RecipeConfig) -> None:
     """Train the feature-head draft on the target's hidden states."""
-    from recipes.demo.train_draft_head import export_head, held_out_acceptance_by_step, train_head
+    from pcgtts.recipes.demo.train_draft_head import export_head, held_out_acceptance_by_step, train_head
 
     inputs = draft_training_inputs(cfg, "draft-head")
     if inputs is None:
@@ -229,8 +228,8 @@ def stage_head(cfg: RecipeConfig) -> None:
 
 
 def stage_voices(cfg: RecipeConfig) -> None:
-    from engine.codec.demo.codec import DemoMelCodec
-    from recipes.demo.voices import make_presets
+    from pcgtts.engine.codec.demo.codec import DemoMelCodec
+    from pcgtts.recipes.demo.voices import make_presets
 
     make_presets(DemoMelCodec.from_dir(cfg.run_dir / "codec_final"), cfg.model_dir / "voices", cfg.seed)
 
@@ -240,8 +239,8 @@ def stage_bundle(cfg: RecipeConfig) -> None:
     import json
     import shutil
 
-    from recipes.demo.durations import duration_caps
-    from recipes.demo.report import plot_losses
+    from pcgtts.recipes.demo.durations import duration_caps
+    from pcgtts.recipes.demo.report import plot_losses
 
     model_dir, export_dir = cfg.model_dir, cfg.run_dir / "export"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -268,8 +267,8 @@ def stage_bundle(cfg: RecipeConfig) -> None:
 
 def stage_tables(cfg: RecipeConfig) -> None:
     """(Re)build the bundle's ASG tables from its target and codec; needs only the model directory."""
-    from engine.speech.demo.layout import DemoVocab
-    from recipes.demo.asg import build_table
+    from pcgtts.engine.speech.demo.layout import DemoVocab
+    from pcgtts.recipes.demo.asg import build_table
 
     model_dir = cfg.model_dir
     for old in model_dir.glob("asg-*.safetensors"):
@@ -283,8 +282,8 @@ def stage_tables(cfg: RecipeConfig) -> None:
 def stage_eval(cfg: RecipeConfig) -> None:
     import json
 
-    from recipes.demo.eval_lm import evaluate
-    from recipes.demo.report import write_report
+    from pcgtts.recipes.demo.eval_lm import evaluate
+    from pcgtts.recipes.demo.report import write_report
 
     report = evaluate(cfg.model_dir, seed=cfg.seed, **cfg.extra.get("eval", {}))
     (cfg.model_dir / "eval.json").write_text(json.dumps(report, indent=1))

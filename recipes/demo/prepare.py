@@ -12,15 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engine.codec.demo.codec import DemoMelCodec
-from engine.codec.demo.features import LOG_FLOOR
-from engine.speech.demo.layout import MAX_PHONEMES, DemoVocab
-from recipes.demo.fit_codec import fit_kmeans, sample_frames
-from recipes.demo.lm_data import Utterances
-from recipes.demo.speakers import split_speakers
-from recipes.demo.synth_corpus import load_corpus, render
-from recipes.demo.text_corpus import collect_sentences
+from pcgtts.engine.codec.demo.codec import DemoMelCodec
+from pcgtts.engine.codec.demo.features import LOG_FLOOR
+from pcgtts.engine.speech.demo.layout import MAX_PHONEMES, DemoVocab
+from pcgtts.recipes.demo.fit_codec import fit_kmeans, sample_frames
+from pcgtts.recipes.demo.lm_data import Utterances
+from pcgtts.recipes.demo.speakers import split_speakers
+from pcgtts.recipes.demo.synth_corpus import load_corpus, render
+from pcgtts.recipes.demo.text_corpus import collect_sentences
 
 NUM_VAL = 160  # held-out sentences spoken by held-in speakers, for the validation loss
 

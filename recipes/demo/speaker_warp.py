@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from engine.codec.demo.features import MelSpec
+from pcgtts.engine.codec.demo.features import MelSpec
 
 # ±8%: measured on held-in speech through the codec, these move resemblyzer similarity to the unwarped
 # voice from 0.90 to 0.81-0.86 (about as far apart as two espeak-ng variants) while Whisper WER stays

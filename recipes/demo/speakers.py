@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from engine.speech.demo.espeak import Voice
+from pcgtts.engine.speech.demo.espeak import Voice
 
 VARIANTS = ["m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "f5",
             "klatt", "klatt2", "klatt3", "klatt4", "Alex", "Annie", "Andy", "adam", "anika", "belinda",

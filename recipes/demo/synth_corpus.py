@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import soxr
-
-from engine.codec.demo.features import HOP, SAMPLE_RATE, MelSpec
-from engine.speech.demo.espeak import ESPEAK_RATE, Voice, synthesize
-from recipes.demo.speakers import split_speakers
-from recipes.demo.text_corpus import collect_sentences
+from pcgtts.engine.codec.demo.features import HOP, SAMPLE_RATE, MelSpec
+from pcgtts.engine.speech.demo.espeak import ESPEAK_RATE, Voice, synthesize
+from pcgtts.recipes.demo.speakers import split_speakers
+from pcgtts.recipes.demo.text_corpus import collect_sentences
 
 SHARD_SIZE = 500
 NUM_HELD_OUT_SENTENCES = 400  # the first sentences of the shuffled list never reach training

@@ -6,10 +6,9 @@ import time
 
 import numpy as np
 import torch
-
-from engine.codec.demo.decoder import CodeToMel
-from engine.codec.demo.features import LOG_FLOOR
-from recipes.demo.optim import optimizer_step, warmup_linear_decay
+from pcgtts.engine.codec.demo.decoder import CodeToMel
+from pcgtts.engine.codec.demo.features import LOG_FLOOR
+from pcgtts.recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 DECODER_KWARGS = {"hidden": 256, "layers": 4, "kernel": 5}  # 192x3 at 1,500 steps measured worse
 

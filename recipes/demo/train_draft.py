@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pcgtts.engine.acceptance.warp import logits_to_probs
+from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
+from pcgtts.engine.speech.demo.layout import DemoVocab
+from pcgtts.recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
+from pcgtts.recipes.demo.optim import optimizer_step, warmup_linear_decay
 from transformers import LlamaForCausalLM
-
-from engine.acceptance.warp import logits_to_probs
-from engine.speech.demo.constraint import MarkerMergeConstraint
-from engine.speech.demo.layout import DemoVocab
-from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
-from recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 CHECKPOINT_STEPS = 100
 # a fresh narrow draft's attention heads and FFN width when its DraftShape leaves them open

@@ -16,15 +16,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from pcgtts.engine.acceptance.warp import logits_to_probs
+from pcgtts.engine.model.feature_head import FeatureHeadConfig
+from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
+from pcgtts.engine.speech.demo.layout import DemoVocab
+from pcgtts.recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
+from pcgtts.recipes.demo.train_draft import train_resumable
 from safetensors.torch import save_file
 from transformers import LlamaForCausalLM
-
-from engine.acceptance.warp import logits_to_probs
-from engine.model.feature_head import FeatureHeadConfig
-from engine.speech.demo.constraint import MarkerMergeConstraint
-from engine.speech.demo.layout import DemoVocab
-from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
-from recipes.demo.train_draft import train_resumable
 
 
 class _Block(nn.Module):

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engine.speech.demo.durations import DurationConfig, DurationModel
-from engine.speech.demo.layout import PHONEME_OFFSET, phoneme_durations
-from recipes.demo.lm_data import Utterances, pick_reference, reference_clip
-from recipes.demo.optim import optimizer_step, warmup_linear_decay
+from pcgtts.engine.speech.demo.durations import DurationConfig, DurationModel
+from pcgtts.engine.speech.demo.layout import PHONEME_OFFSET, phoneme_durations
+from pcgtts.recipes.demo.lm_data import Utterances, pick_reference, reference_clip
+from pcgtts.recipes.demo.optim import optimizer_step, warmup_linear_decay
 
 
 def duration_batch(utts: Utterances, rows, rng: np.random.Generator) -> dict[str, torch.Tensor]:

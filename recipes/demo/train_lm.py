@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pcgtts.engine.speech.demo.layout import BOS, END, PAD, DemoVocab
+from pcgtts.recipes.demo.lm_data import BatchPlan, Utterances, held_out_batches, make_batch
+from pcgtts.recipes.demo.optim import optimizer_step
 from transformers import LlamaConfig, LlamaForCausalLM
-
-from engine.speech.demo.layout import BOS, END, PAD, DemoVocab
-from recipes.demo.lm_data import BatchPlan, Utterances, held_out_batches, make_batch
-from recipes.demo.optim import optimizer_step
 
 
 @dataclass

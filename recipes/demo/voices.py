@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-
-from engine.codec.demo.features import HOP
-from engine.speech.demo.espeak import Voice
-from engine.speech.demo.layout import MAX_REF_FRAMES
-from recipes.demo.speakers import split_speakers
-from recipes.demo.synth_corpus import render
-from recipes.demo.text_corpus import collect_sentences
+from pcgtts.engine.codec.demo.features import HOP
+from pcgtts.engine.speech.demo.espeak import Voice
+from pcgtts.engine.speech.demo.layout import MAX_REF_FRAMES
+from pcgtts.recipes.demo.speakers import split_speakers
+from pcgtts.recipes.demo.synth_corpus import render
+from pcgtts.recipes.demo.text_corpus import collect_sentences
 
 # name -> held-in variant; each preset takes the first held-in speaker of that variant.
 PRESETS = {"aria": "f2", "bruno": "m1", "cleo": "f4", "dmitri": "m6", "emma": "Annie", "felix": "adam",

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import soxr
-
-from server.audio.encoders import make_encoder, wav_header
-from server.audio.formats import output_rate
-from server.audio.tempo import TempoStream
+from pcgtts.server.audio.encoders import make_encoder, wav_header
+from pcgtts.server.audio.formats import output_rate
+from pcgtts.server.audio.tempo import TempoStream
 
 
 class Resampler:

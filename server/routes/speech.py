@@ -9,14 +9,13 @@ from contextlib import aclosing
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-
-from server.audio.formats import CONTENT_TYPES, content_type
-from server.audio.pipeline import OutputPipeline, encode_whole
-from server.drain import Drain, until_cut
-from server.errors import APIError
-from server.schemas import ErrorResponse, SpeechRequest, VoiceId
-from server.state import get_state
-from server.streaming import (
+from pcgtts.server.audio.formats import CONTENT_TYPES, content_type
+from pcgtts.server.audio.pipeline import OutputPipeline, encode_whole
+from pcgtts.server.drain import Drain, until_cut
+from pcgtts.server.errors import APIError
+from pcgtts.server.schemas import ErrorResponse, SpeechRequest, VoiceId
+from pcgtts.server.state import get_state
+from pcgtts.server.streaming import (
     AbortingStreamingResponse,
     ClientGone,
     SpeechRun,

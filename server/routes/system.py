@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pcgtts.server.schemas import ModelCard, ModelList
+from pcgtts.server.state import get_state
 from prometheus_client import CONTENT_TYPE_LATEST
-
-from server.schemas import ModelCard, ModelList
-from server.state import get_state
 
 router = APIRouter(tags=["system"])
 

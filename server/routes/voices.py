@@ -14,11 +14,10 @@ import unicodedata
 import numpy as np
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse
-
-from server.errors import APIError, bad_request, not_found
-from server.schemas import ErrorResponse, VoiceDeleted, VoiceList, VoiceResource
-from server.state import AppState, get_state
-from server.voice_store import StoredVoice, VoiceExistsError, name_key
+from pcgtts.server.errors import APIError, bad_request, not_found
+from pcgtts.server.schemas import ErrorResponse, VoiceDeleted, VoiceList, VoiceResource
+from pcgtts.server.state import AppState, get_state
+from pcgtts.server.voice_store import StoredVoice, VoiceExistsError, name_key
 
 router = APIRouter(tags=["voices"])
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 503)}

@@ -11,17 +11,14 @@ from typing import Literal
 
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field, ValidationError
-from starlette.websockets import WebSocketDisconnect
-
-from server.audio.formats import OUTPUT_SAMPLE_RATE
-from server.audio.pipeline import OutputPipeline
-from server.drain import SHUTDOWN_REASON, ServerShuttingDown, until_cut
-from server.errors import APIError, validation_error
-from server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId
-from server.security import chosen_subprotocol, origin_allowed, websocket_authorized
-from server.state import AppState, get_ws_state
-from server.streaming import (
+from pcgtts.server.audio.formats import OUTPUT_SAMPLE_RATE
+from pcgtts.server.audio.pipeline import OutputPipeline
+from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, until_cut
+from pcgtts.server.errors import APIError, validation_error
+from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId
+from pcgtts.server.security import chosen_subprotocol, origin_allowed, websocket_authorized
+from pcgtts.server.state import AppState, get_ws_state
+from pcgtts.server.streaming import (
     SpeechRun,
     close_quietly,
     open_synthesis,
@@ -29,7 +26,7 @@ from server.streaming import (
     synthesis_options,
     usage_of,
 )
-from server.ws_protocol import (
+from pcgtts.server.ws_protocol import (
     MAX_QUEUED,
     AudioDone,
     AudioProgress,
@@ -43,6 +40,8 @@ from server.ws_protocol import (
     event_json,
     protocol_markdown,
 )
+from pydantic import ConfigDict, Field, ValidationError
+from starlette.websockets import WebSocketDisconnect
 
 router = APIRouter()
 log = logging.getLogger("pcgtts.server")

@@ -14,8 +14,7 @@ from acceptance_support import (
     sample_drafts,
     z_score,
 )
-
-from engine.acceptance import Verdict, make_rule
+from pcgtts.engine.acceptance import Verdict, make_rule
 
 V, GAMMA, ROWS = 12, 3, 200_000
 

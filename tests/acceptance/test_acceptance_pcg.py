@@ -14,9 +14,8 @@ from acceptance_support import (
     sample_drafts,
     z_score,
 )
-
-from asg_tables import ASGTable
-from engine.acceptance import make_rule
+from pcgtts.asg_tables import ASGTable
+from pcgtts.engine.acceptance import make_rule
 
 V, GAMMA, ROWS = 8, 3, 200_000
 # Overlapping groups: N(t) is 2 for tokens 0, 2, 3, 5 and 1 otherwise; token 7 is a singleton by omission.

@@ -13,9 +13,8 @@ from acceptance_support import (
     sample_drafts,
     z_score,
 )
-
-from asg_tables.neighbours import NeighbourIndex, nearest_neighbours
-from engine.acceptance import make_rule
+from pcgtts.asg_tables.neighbours import NeighbourIndex, nearest_neighbours
+from pcgtts.engine.acceptance import make_rule
 
 V, GAMMA, ROWS = 10, 3, 200_000
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from acceptance_support import random_dist, sample_drafts
-
-from asg_tables import ASGTable
-from engine.acceptance import make_rule
-from engine.acceptance.sampling import RowGenerators, uniform
+from pcgtts.asg_tables import ASGTable
+from pcgtts.engine.acceptance import make_rule
+from pcgtts.engine.acceptance.sampling import RowGenerators, uniform
 
 V, GAMMA, ROWS = 60, 3, 12
 GROUPS = [[0, 1, 2, 3], [2, 3, 4], [10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37]]

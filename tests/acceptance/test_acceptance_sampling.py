@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from acceptance_support import ALPHA, chi2_pvalue, perturbed
-
-from engine.acceptance import make_rule
-from engine.acceptance.sampling import BLOCK, sample_rows, sample_segments, uniform
+from pcgtts.engine.acceptance import make_rule
+from pcgtts.engine.acceptance.sampling import BLOCK, sample_rows, sample_segments, uniform
 
 
 def sparse_dist(vocab: int, seed: int) -> torch.Tensor:

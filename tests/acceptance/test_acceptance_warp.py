@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pcgtts.engine.acceptance import logits_to_probs
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-from engine.acceptance import logits_to_probs
 
 
 def hf_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-
-from asg_tables import build_asg
-from asg_tables.build import seed_group_sizes
+from pcgtts.asg_tables import build_asg
+from pcgtts.asg_tables.build import seed_group_sizes
 
 
 def unit_circle(degrees: list[float], scales: list[float] | None = None) -> torch.Tensor:

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from pcgtts.asg_tables import ASGTable, build_asg
+from pcgtts.asg_tables.embeddings import read_embedding_rows
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from asg_tables import ASGTable, build_asg
-from asg_tables.embeddings import read_embedding_rows
 from pcgtts.cli import main
 
 OFFSET, SPEECH, VOCAB = 200, 64, 300

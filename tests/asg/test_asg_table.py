@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from asg_tables import ASGTable, build_asg
+from pcgtts.asg_tables import ASGTable, build_asg
 
 
 def test_from_groups_adds_singletons_and_merges_duplicates():

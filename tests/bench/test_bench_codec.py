@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from tts.bundle import DEFAULT_MODEL_DIR
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR
 
 
 @pytest.mark.skipif(not (DEFAULT_MODEL_DIR / "codec").exists(), reason="embedded model not built yet")

@@ -41,7 +41,7 @@ def test_vllm_rounds_before_and_after_ours_merge_into_one_median():
     and one failed round turns every vLLM row into a skip with its reason."""
     from argparse import Namespace
 
-    from bench.engine_bench import BenchSetup, vllm_rows
+    from pcgtts.bench.engine_bench import BenchSetup, vllm_rows
 
     args = Namespace(batch_sizes=[1], temperature=0.8)
     setup = BenchSetup(BUNDLE / "target", None, None, "demo")

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pcgtts.asg_tables import ASGTable, build_asg
+from pcgtts.bench.acceptance_sweep import BUNDLE_TABLE, TableCache, default_specs
+from pcgtts.bench.groups import swap_codes
+from pcgtts.tts.bundle import ModelBundle
 from server_support import build_tiny_bundle
 
-from asg_tables import ASGTable, build_asg
-from bench.acceptance_sweep import BUNDLE_TABLE, TableCache, default_specs
-from bench.groups import swap_codes
 from pcgtts.cli import main as pcgtts_main
-from tts.bundle import ModelBundle
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_paired_bootstrap_intervals_cover_the_shift_they_are_given():
     """A run whose every utterance has one more error in ten words than the baseline's: ΔWER is 0.1 in every
     resample (a point interval); a similarity shifted by noise around +0.05 gets an interval around +0.05
     that excludes 0; the baseline against itself gets [0, 0]."""
-    from bench.groups import paired_bootstrap
+    from pcgtts.bench.groups import paired_bootstrap
 
     rng = np.random.default_rng(0)
     n = 200

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.load_test import capacity, quantile, stall_seconds, summarize
+from pcgtts.bench.load_test import capacity, quantile, stall_seconds, summarize
 
 RATE = 24000
 SECOND = 2 * RATE  # bytes of one second of 16-bit mono audio

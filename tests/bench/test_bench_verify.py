@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import torch
+from pcgtts.bench.bundle_verify import capture_steps, exact_engine
+from pcgtts.bench.step_speed import speech_requests
+from pcgtts.tts.bundle import ModelBundle
 from server_support import build_tiny_bundle
 
-from bench.bundle_verify import capture_steps, exact_engine
-from bench.step_speed import speech_requests
 from pcgtts.cli import main as pcgtts_main
-from tts.bundle import ModelBundle
 
 
 def test_captured_steps_are_the_engines_verify_inputs(tmp_path):

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 import soxr
 import torch
-
-from engine.codec.demo.codec import DemoMelCodec
-from engine.codec.demo.features import HOP, SAMPLE_RATE
-from engine.speech.demo.espeak import ESPEAK_RATE, Voice, synthesize
-from recipes.demo.fit_codec import fit_kmeans
-from tts.bundle import DEFAULT_MODEL_DIR
+from pcgtts.engine.codec.demo.codec import DemoMelCodec
+from pcgtts.engine.codec.demo.features import HOP, SAMPLE_RATE
+from pcgtts.engine.speech.demo.espeak import ESPEAK_RATE, Voice, synthesize
+from pcgtts.recipes.demo.fit_codec import fit_kmeans
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR
 
 TEXT = "Please call Stella and ask her to bring these things."
 

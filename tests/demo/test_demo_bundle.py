@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from engine.model.feature_head import is_feature_head
-from engine.speech.demo.layout import END, phoneme_runs
-from tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.engine.model.feature_head import is_feature_head
+from pcgtts.engine.speech.demo.layout import END, phoneme_runs
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 MODEL_DIR = Path(os.environ.get("PCGTTS_DEMO_MODEL_DIR", DEFAULT_MODEL_DIR))
 pytestmark = pytest.mark.skipif(not (MODEL_DIR / "pcgtts.json").exists(), reason="demo bundle not built")
@@ -53,7 +52,7 @@ def test_transformers_loads_the_target(bundle):
 
 
 def test_constrained_generation_follows_the_text(bundle):
-    from engine import Engine, EngineConfig, SamplingParams
+    from pcgtts.engine import Engine, EngineConfig, SamplingParams
 
     family, codec = bundle.load_family(), bundle.load_codec()
     prompt = family.build_prompt("Good morning.", None)
@@ -72,7 +71,7 @@ def test_constrained_generation_follows_the_text(bundle):
 
 
 def test_sampled_speech_keeps_every_phoneme_within_its_duration_bounds(bundle):
-    from engine import Engine, EngineConfig, SamplingParams
+    from pcgtts.engine import Engine, EngineConfig, SamplingParams
 
     family = bundle.load_family()
     assert family.durations is not None  # the bundle ships a duration model
@@ -94,7 +93,7 @@ def test_the_feature_head_drafts_what_the_target_samples(bundle):
     """The shipped head's proposals are accepted by exact speculative sampling more often than the small
     Llama draft's (0.46 of drafts at T=0.8, bench/results/step): a broken export or a head reading the
     wrong state would fall far below."""
-    from engine import Engine, EngineConfig, SamplingParams
+    from pcgtts.engine import Engine, EngineConfig, SamplingParams
 
     family = bundle.load_family()
     engine = Engine(EngineConfig(target=str(bundle.target_dir), draft=str(bundle.draft_dir),

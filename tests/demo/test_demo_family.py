@@ -7,13 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from engine.speech.base import VoicePrompt
-from engine.speech.demo.constraint import MarkerMergeConstraint, merge_markers_torch
-from engine.speech.demo.constraint_cpu import merge_markers_cpu
-from engine.speech.demo.espeak import Voice, phonemize, synthesize
-from engine.speech.demo.family import DemoPhonemeFamily
-from engine.speech.demo.layout import (
+from pcgtts.engine.speech.base import VoicePrompt
+from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint, merge_markers_torch
+from pcgtts.engine.speech.demo.constraint_cpu import merge_markers_cpu
+from pcgtts.engine.speech.demo.espeak import Voice, phonemize, synthesize
+from pcgtts.engine.speech.demo.family import DemoPhonemeFamily
+from pcgtts.engine.speech.demo.layout import (
     BOS,
     END,
     MAX_REF_FRAMES,
@@ -238,7 +237,7 @@ def test_equal_bounds_give_exact_durations_whatever_the_model_prefers():
 def test_family_bounds_each_phoneme_by_the_duration_models_window(tmp_path):
     import json
 
-    from engine.speech.demo.durations import DurationConfig, DurationModel
+    from pcgtts.engine.speech.demo.durations import DurationConfig, DurationModel
 
     text = "Hello world."
     vocab = DemoVocab(phonemes=tuple(sorted(set(phonemize(text)))), codebook_size=64)

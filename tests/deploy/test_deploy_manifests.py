@@ -11,9 +11,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-
-from server.metrics import PREFIX
-from server.settings import ServerSettings
+from pcgtts.server.metrics import PREFIX
+from pcgtts.server.settings import ServerSettings
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.29.0"  # the oldest minor still commonly supported by managed clusters

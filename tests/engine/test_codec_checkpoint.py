@@ -4,9 +4,8 @@ decoder's state, and the codec it decodes with (held as a bound method) is share
 from __future__ import annotations
 
 import numpy as np
-
-from engine.codec.base import Codec
-from engine.codec.xcodec2 import WindowedStreamingDecoder
+from pcgtts.engine.codec.base import Codec
+from pcgtts.engine.codec.xcodec2 import WindowedStreamingDecoder
 
 
 class RepeatCodec(Codec):

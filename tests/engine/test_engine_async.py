@@ -6,10 +6,9 @@ import asyncio
 
 import pytest
 from engine_support import engine_config, save_tiny_pair
-
-from engine import Engine, SamplingParams
-from engine.async_engine import AsyncEngine
-from engine.errors import EngineOverloaded, EngineShutdown
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.async_engine import AsyncEngine
+from pcgtts.engine.errors import EngineOverloaded, EngineShutdown
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 

@@ -7,9 +7,8 @@ import random
 import pytest
 import torch
 from engine_support import engine_config, save_tiny_pair
-
-from engine import Engine, SamplingParams
-from engine.block_manager import BlockAllocator, OutOfBlocks, SeqBlocks
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.block_manager import BlockAllocator, OutOfBlocks, SeqBlocks
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +102,7 @@ def test_preemption_aborts_and_chunked_prefill_keep_outputs_and_free_every_block
 
 
 def test_waiting_queue_is_bounded(pair):
-    from engine.errors import EngineOverloaded, RequestTooLong
+    from pcgtts.engine.errors import EngineOverloaded, RequestTooLong
 
     engine = Engine(engine_config(pair[0], max_waiting=2, kv_budget_tokens=64, block_size=4))
     engine.add_request([1, 2], SamplingParams(max_tokens=2))

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 from engine_support import engine_config, save_tiny_llama
-
-from engine import Engine, SamplingParams
+from pcgtts.engine import Engine, SamplingParams
 
 FIRST_BLOCK = 8  # tokens a new request needs before its first audio
 

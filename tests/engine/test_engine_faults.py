@@ -9,11 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 from engine_support import engine_config, save_tiny_pair
-
-from engine import Engine, SamplingParams
-from engine.async_engine import AsyncEngine
-from engine.errors import EngineFault, RequestFailed
-from engine.speech.base import DecodeConstraint
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.async_engine import AsyncEngine
+from pcgtts.engine.errors import EngineFault, RequestFailed
+from pcgtts.engine.speech.base import DecodeConstraint
 
 PROMPTS = [[3, 4, 5], [9, 10], list(range(30, 45)), [7, 7, 8], [11, 12, 13, 14]]
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_support import engine_config, hf_model, save_feature_head, save_tiny_llama
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
+from pcgtts.engine.model.loader import load_llama
 from test_engine_sampling import ALPHA, PROMPT, SETTINGS, V, chi2_pvalue, reference_probs
-
-from engine import Engine, SamplingParams
-from engine.model.feature_head import is_feature_head, load_feature_head
-from engine.model.loader import load_llama
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +22,8 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("few_ops", [False, True])
 def test_engine_head_equals_training_module(tiny, few_ops):
+    from pcgtts.recipes.demo.train_draft_head import FeatureHeadModule
     from safetensors.torch import load_file
-
-    from recipes.demo.train_draft_head import FeatureHeadModule
 
     target_dir, head_dir = tiny
     assert is_feature_head(head_dir) and not is_feature_head(target_dir)

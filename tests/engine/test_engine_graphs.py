@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_support import DEVICE, engine_config, save_feature_head, save_tiny_llama
-
-from engine import Engine, SamplingParams
-from engine.block_manager import SeqBlocks
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.block_manager import SeqBlocks
 
 MODE = "cuda_graphs" if DEVICE.startswith("cuda") else "compile"
 GREEDY = SamplingParams(temperature=0, max_tokens=40)

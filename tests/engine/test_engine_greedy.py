@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_support import engine_config, hf_model, save_draft_from, save_tiny_llama
-
-from engine import Engine, SamplingParams
+from pcgtts.engine import Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24)
 

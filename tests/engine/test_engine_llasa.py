@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_support import engine_config, save_draft_from, save_tiny_llama
-
-from engine import Engine, SamplingParams
-from engine.speech.base import VoicePrompt
-from engine.speech.llasa import (
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.speech.base import VoicePrompt
+from pcgtts.engine.speech.llasa import (
     NUM_CODES,
     SPEECH_GENERATION_END,
     SPEECH_GENERATION_START,
@@ -18,8 +17,8 @@ from engine.speech.llasa import (
     VOCAB_SIZE,
     LlasaFamily,
 )
-from engine.speech.llasa_synthetic import LLAMA3_SPECIALS, save_llasa_tokenizer
-from tts.bundle import ModelBundle
+from pcgtts.engine.speech.llasa_synthetic import LLAMA3_SPECIALS, save_llasa_tokenizer
+from pcgtts.tts.bundle import ModelBundle
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_support import DEVICE, hf_model, save_tiny_llama
-
-from engine.attention import make_backend
-from engine.block_manager import SeqBlocks
-from engine.model.config import LlamaConfig
-from engine.model.loader import load_llama
-from engine.model_runner import ModelRunner
+from pcgtts.engine.attention import make_backend
+from pcgtts.engine.block_manager import SeqBlocks
+from pcgtts.engine.model.config import LlamaConfig
+from pcgtts.engine.model.loader import load_llama
+from pcgtts.engine.model_runner import ModelRunner
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
@@ -47,7 +46,7 @@ def engine_logits(path, prompts: list[list[int]], chunk: int, block_size: int = 
 def test_logits_match_transformers(tmp_path, monkeypatch, case, few_ops):
     """Both sets of forms (loader.few_op_forms: interleaved RoPE and layer-norm RMSNorm, the CPU fp32 eager
     default, and the checkpoint's own forms used elsewhere) give Hugging Face's logits."""
-    import engine.model.loader as loader
+    import pcgtts.engine.model.loader as loader
 
     monkeypatch.setattr(loader, "few_op_forms", lambda *_: few_ops)
     path = save_tiny_llama(tmp_path / case, vocab=300, layers=2, seed=3, **CASES[case])
@@ -110,7 +109,7 @@ def test_flash_attn_backend_matches_sdpa(tmp_path):
 
 def test_fused_float32_rms_norm_equals_the_reference_formula():
     """rms_norm's float32 path calls torch's fused op; it must give Hugging Face's formula bit for bit."""
-    from engine.model.llama import rms_norm
+    from pcgtts.engine.model.llama import rms_norm
 
     torch.manual_seed(0)
     for shape in [(1, 1, 256), (12, 4, 256), (3, 300, 64)]:
@@ -123,7 +122,7 @@ def test_projection_equals_linear_in_both_layouts_and_keeps_a_tied_matrix_shared
     """Projection stores W input-major on CPU (x @ W, MKL's faster small-row GEMM) and must compute
     F.linear's x Wᵀ + b (to fp32 rounding) for decode-, verify- and prefill-sized inputs; copy=False keeps
     the given matrix itself (a tied head reads the embedding, no second copy)."""
-    from engine.model.llama import Projection
+    from pcgtts.engine.model.llama import Projection
 
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 64), torch.randn(96)
@@ -141,7 +140,7 @@ def test_projection_equals_linear_in_both_layouts_and_keeps_a_tied_matrix_shared
 def test_layer_norm_form_of_rms_norm_agrees_with_the_reference_formula():
     """RMSNorm's layer-norm form (decode-sized CPU fp32 inputs) gives Hugging Face's formula to float32
     rounding; prefill-sized inputs and the plain form go through rms_norm, bit for bit."""
-    from engine.model.llama import RMSNorm
+    from pcgtts.engine.model.llama import RMSNorm
 
     torch.manual_seed(0)
     weight = torch.randn(256)

@@ -7,11 +7,10 @@ import random
 import pytest
 import torch
 from engine_support import engine_config, save_tiny_pair
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.block_manager import BlockAllocator, SeqBlocks
+from pcgtts.engine.prefix_cache import prefix_hashes
 from test_engine_blocks import check_block_invariants, run_with_aborts
-
-from engine import Engine, SamplingParams
-from engine.block_manager import BlockAllocator, SeqBlocks
-from engine.prefix_cache import prefix_hashes
 
 BLOCK = 4
 

@@ -11,10 +11,9 @@ from dataclasses import replace
 import pytest
 import torch
 from engine_support import engine_config, hf_model, save_draft_from, save_feature_head, save_tiny_llama
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.speech.base import DecodeConstraint
 from scipy.stats import chisquare
-
-from engine import Engine, SamplingParams
-from engine.speech.base import DecodeConstraint
 
 V = 12
 GROUP = [8, 9, 10]  # "markers": the constraint moves their joint mass onto one of them
@@ -116,7 +115,7 @@ def test_speculative_sampling_has_target_distribution(models, tmp_path, setting,
     config = engine_config(target, draft=draft, num_speculative_tokens=2, max_num_seqs=256,
                           max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=7)
     if rule == "pcg-singletons":
-        from asg_tables import ASGTable
+        from pcgtts.asg_tables import ASGTable
 
         ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
         config.acceptance, config.asg_table = "pcg", tmp_path / "singletons.asg"
@@ -136,7 +135,7 @@ def test_target_only_sampling_has_target_distribution(models, setting):
 
 
 def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
-    from asg_tables import ASGTable
+    from pcgtts.asg_tables import ASGTable
 
     ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
     prompts = [[t % V for t in range(s, s + 3 + s % 5)] for s in range(12)]
@@ -156,7 +155,7 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
 
 def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
     """Sampled (T > 0): with group k = {k}, PCG replays exact's random draws, so seeded outputs match."""
-    from asg_tables import ASGTable
+    from pcgtts.asg_tables import ASGTable
 
     ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
     prompts = [[t % V for t in range(s, s + 3 + s % 5)] for s in range(8)]
@@ -207,7 +206,7 @@ def test_per_request_gamma_keeps_target_distribution(models):
 def test_per_request_asg_table(models, tmp_path):
     """A request picks one of the engine's ASG tables by name: one group over the whole vocabulary accepts
     every draft (P_c = Q_c = 1), singletons only as often as exact does."""
-    from asg_tables import ASGTable
+    from pcgtts.asg_tables import ASGTable
 
     target, draft = models
     ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
@@ -228,8 +227,8 @@ def test_per_request_asg_table(models, tmp_path):
 def test_compiled_softmax_and_draw_match_the_torch_ops():
     """softmax_draw_cpu gives softmax(logits / T) and the token sample_rows draws from those probabilities
     with the same uniforms, writing into strided rows (a position of the draft's [B, γ, V] buffer)."""
-    from engine.acceptance.sampling import sample_rows
-    from engine.sampling_cpu import softmax_draw_cpu
+    from pcgtts.engine.acceptance.sampling import sample_rows
+    from pcgtts.engine.sampling_cpu import softmax_draw_cpu
 
     gen = torch.Generator().manual_seed(8)
     rows, vocab = 256, 1200

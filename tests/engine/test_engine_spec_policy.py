@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 from engine_support import engine_config, save_tiny_pair
-
-from engine import Engine, SamplingParams
-from engine.spec_policy import SpeculationPolicy
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.spec_policy import SpeculationPolicy
 
 
 def drive(policy: SpeculationPolicy, batch: int, seconds: dict[bool, float], tokens_per_seq: float,

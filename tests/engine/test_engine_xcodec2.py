@@ -6,9 +6,8 @@ import importlib.util
 
 import numpy as np
 import pytest
-
-from engine.codec.xcodec2 import WindowedStreamingDecoder, XCodec2Codec
-from tts.bundle import CODECS, ModelBundle
+from pcgtts.engine.codec.xcodec2 import WindowedStreamingDecoder, XCodec2Codec
+from pcgtts.tts.bundle import CODECS, ModelBundle
 
 HOP = 4
 
@@ -41,7 +40,7 @@ def test_windowed_streaming_equals_whole_decode_for_local_decoders():
 
 
 def test_xcodec2_codec_is_registered_and_fails_clearly(tmp_path):
-    assert CODECS["xcodec2"] == "engine.codec.xcodec2:XCodec2Codec"
+    assert CODECS["xcodec2"] == "pcgtts.engine.codec.xcodec2:XCodec2Codec"
     bundle = ModelBundle.from_dir(tmp_path, codec_dir=None)
     assert bundle.codec_name == "xcodec2"
     with pytest.raises(FileNotFoundError):

@@ -8,13 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 from engine_support import DEVICE, engine_config, save_tiny_pair
+from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.attention import GatherSDPABackend, build_paged_batch, gather_blocks
+from pcgtts.engine.block_manager import BlockAllocator, SeqBlocks
+from pcgtts.engine.kv_mirror import KVMirror
 from test_engine_blocks import run_with_aborts
 from test_engine_prefix_cache import voice_requests
-
-from engine import Engine, SamplingParams
-from engine.attention import GatherSDPABackend, build_paged_batch, gather_blocks
-from engine.block_manager import BlockAllocator, SeqBlocks
-from engine.kv_mirror import KVMirror
 
 pytestmark = pytest.mark.skipif(DEVICE != "cpu", reason="the mirror serves eager CPU forwards only")
 

@@ -8,8 +8,7 @@ import threading
 
 import pytest
 import torch
-
-from engine.torch_threads import adopt_torch_threads
+from pcgtts.engine.torch_threads import adopt_torch_threads
 
 
 def _openmp() -> ctypes.CDLL | None:

@@ -9,11 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from pcgtts.engine.codec.base import EncoderUnavailable
+from pcgtts.engine.codec.xcodec2 import WindowedStreamingDecoder, XCodec2Codec
+from pcgtts.engine.codec.xcodec2.stand_ins import RotaryPositionalEmbeddings
 from xcodec2_support import build_codec_dirs, require_xcodec2
-
-from engine.codec.base import EncoderUnavailable
-from engine.codec.xcodec2 import WindowedStreamingDecoder, XCodec2Codec
-from engine.codec.xcodec2.stand_ins import RotaryPositionalEmbeddings
 
 RATE, HOP = 16000, 320
 # Whole-sequence decoder vs the windowed one (25-frame chunks, 50 frames of context, 25 of look-ahead):

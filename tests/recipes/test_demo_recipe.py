@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from engine.speech.demo.layout import END, SPEECH, DemoVocab, prompt_tokens
-from recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, example, make_batch
-from recipes.demo.text_corpus import MAX_WORDS, MIN_WORDS, _clean, _pieces
-from recipes.demo.train_draft import (
+from pcgtts.engine.speech.demo.layout import END, SPEECH, DemoVocab, prompt_tokens
+from pcgtts.recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, example, make_batch
+from pcgtts.recipes.demo.text_corpus import MAX_WORDS, MIN_WORDS, _clean, _pieces
+from pcgtts.recipes.demo.train_draft import (
     DraftShape,
     distill,
     draft_from_target,
@@ -17,7 +16,7 @@ from recipes.demo.train_draft import (
     project_draft,
     prune_draft,
 )
-from recipes.demo.train_lm import ModelSize, TrainConfig
+from pcgtts.recipes.demo.train_lm import ModelSize, TrainConfig
 
 VOCAB = DemoVocab(phonemes=tuple(f"p{i}" for i in range(10)), codebook_size=32)
 
@@ -214,8 +213,8 @@ def test_distill_stops_on_its_time_budget_and_resumes(tmp_path):
 
 
 def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():
-    from engine.speech.demo.layout import phoneme_runs, speech_tokens
-    from recipes.demo.durations import duration_caps, phoneme_frames
+    from pcgtts.engine.speech.demo.layout import phoneme_runs, speech_tokens
+    from pcgtts.recipes.demo.durations import duration_caps, phoneme_frames
 
     utts = _utts(n=200)
     counted: dict[int, list[int]] = {}  # frames after each marker, read off the training layout itself
@@ -231,7 +230,7 @@ def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():
 
 
 def test_expected_speedup_is_tokens_per_step_over_the_step_cost():
-    from recipes.demo.report import expected_speedup
+    from pcgtts.recipes.demo.report import expected_speedup
 
     assert expected_speedup(1.0, 0.25, 3) == pytest.approx(1 / 1.75)  # drafts wasted: pay for γ of them
     assert expected_speedup(4.0, 0.0, 3) == 4.0  # free draft, all accepted: γ+1 tokens per forward
@@ -239,7 +238,7 @@ def test_expected_speedup_is_tokens_per_step_over_the_step_cost():
 
 
 def test_whole_frames_round_phoneme_boundaries_not_each_duration():
-    from engine.speech.demo.durations import whole_frames
+    from pcgtts.engine.speech.demo.durations import whole_frames
 
     frames = torch.tensor([[0.4, 0.4, 0.4, 2.6, 9.0], [1.5, 1.5, 0.0, 0.0, 0.0]])
     valid = torch.tensor([[True] * 4 + [False], [True, True, False, False, False]])
@@ -251,8 +250,8 @@ def test_whole_frames_round_phoneme_boundaries_not_each_duration():
 def test_duration_model_learns_phoneme_durations_at_the_references_rate(tmp_path):
     """Synthetic corpus: a phoneme's frames = its base duration x its speaker's rate; each speaker's codes
     come from its own band, so the reference clip tells the rate. The model must use both."""
-    from engine.speech.demo.durations import DurationConfig
-    from recipes.demo.train_durations import duration_errors, train_durations
+    from pcgtts.engine.speech.demo.durations import DurationConfig
+    from pcgtts.recipes.demo.train_durations import duration_errors, train_durations
 
     rng = np.random.default_rng(0)
     base, rate = rng.integers(1, 6, 10), np.array([1, 2, 3])
@@ -276,7 +275,7 @@ def test_duration_model_learns_phoneme_durations_at_the_references_rate(tmp_path
 
 
 def test_warmup_linear_decay_warms_up_decays_and_holds_its_floor():
-    from recipes.demo.optim import warmup_linear_decay
+    from pcgtts.recipes.demo.optim import warmup_linear_decay
 
     lrs = [warmup_linear_decay(s, 100, 1.0, warmup=10, floor=0.2) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(0.91)  # warm-up, already decaying
@@ -287,9 +286,8 @@ def test_warmup_linear_decay_warms_up_decays_and_holds_its_floor():
 def test_feature_head_learns_the_targets_next_distribution_and_resumes(tmp_path):
     """The head's unrolled KL falls with training (it learns to step the target's state), an interrupted run
     resumes where it stopped, and the held-out acceptance per draft step is a probability."""
+    from pcgtts.recipes.demo.train_draft_head import held_out_acceptance_by_step, train_head
     from transformers import LlamaForCausalLM
-
-    from recipes.demo.train_draft_head import held_out_acceptance_by_step, train_head
 
     torch.manual_seed(0)
     target = LlamaForCausalLM(SMALL.config(VOCAB.vocab_size)).eval()

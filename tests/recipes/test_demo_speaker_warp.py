@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from engine.codec.demo.codec import DemoMelCodec
-from engine.codec.demo.features import N_MELS
-from engine.speech.demo.layout import SPEECH, DemoVocab
-from recipes.demo.lm_data import BatchPlan, Utterances, example, make_batch
-from recipes.demo.speaker_warp import warp_code_maps, warp_log_mel
+from pcgtts.engine.codec.demo.codec import DemoMelCodec
+from pcgtts.engine.codec.demo.features import N_MELS
+from pcgtts.engine.speech.demo.layout import SPEECH, DemoVocab
+from pcgtts.recipes.demo.lm_data import BatchPlan, Utterances, example, make_batch
+from pcgtts.recipes.demo.speaker_warp import warp_code_maps, warp_log_mel
 
 VOCAB = DemoVocab(phonemes=tuple(f"p{i}" for i in range(10)), codebook_size=32)
 

@@ -4,11 +4,10 @@ subprotocol (never in the URL) from the server's own origin, and speaks."""
 from __future__ import annotations
 
 import pytest
+from pcgtts.server.settings import ServerSettings
 from server_support import LiveServer, free_port
 from system_support import require_program
 from test_playground import CHROMIUM_FLAGS, speak_and_wait
-
-from server.settings import ServerSettings
 
 pytestmark = pytest.mark.browser
 KEY = "playground-key"

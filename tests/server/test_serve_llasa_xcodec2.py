@@ -14,13 +14,12 @@ import openai
 import pytest
 import soundfile as sf
 from engine_support import save_draft_from, save_tiny_llama
+from pcgtts.engine.speech.llasa import VOCAB_SIZE
+from pcgtts.engine.speech.llasa_synthetic import save_llasa_tokenizer
+from pcgtts.server.audio.formats import OUTPUT_SAMPLE_RATE
+from pcgtts.tts.bundle import MANIFEST
 from server_support import serve_process, tone
 from xcodec2_support import build_codec_dirs, require_xcodec2
-
-from engine.speech.llasa import VOCAB_SIZE
-from engine.speech.llasa_synthetic import save_llasa_tokenizer
-from server.audio.formats import OUTPUT_SAMPLE_RATE
-from tts.bundle import MANIFEST
 
 HOP, RATE = 320, 16000
 

@@ -9,10 +9,8 @@ import av
 import numpy as np
 import pytest
 import soundfile as sf
-from server_support import tone
-
-from server.audio.decode import AudioDecodeError, decode_audio, decode_base64_audio
-from server.audio.encoders import (
+from pcgtts.server.audio.decode import AudioDecodeError, decode_audio, decode_base64_audio
+from pcgtts.server.audio.encoders import (
     UNKNOWN_SIZE,
     float_to_pcm16,
     linear_to_alaw,
@@ -20,8 +18,9 @@ from server.audio.encoders import (
     make_encoder,
     wav_header,
 )
-from server.audio.formats import CONTENT_TYPES, RESPONSE_FORMATS, content_type, output_rate
-from server.audio.pipeline import OutputPipeline, Resampler, encode_whole
+from pcgtts.server.audio.formats import CONTENT_TYPES, RESPONSE_FORMATS, content_type, output_rate
+from pcgtts.server.audio.pipeline import OutputPipeline, Resampler, encode_whole
+from server_support import tone
 
 RATE = 16000
 

@@ -12,12 +12,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from pcgtts.server.settings import ServerSettings, add_arguments, settings_from
+from pcgtts.tts import TTSConfig, TTSService
 from server_support import LiveServer, free_port, serve_process
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
-
-from server.settings import ServerSettings, add_arguments, settings_from
-from tts import TTSConfig, TTSService
 
 
 def test_flags_override_environment_override_defaults():
@@ -109,7 +108,7 @@ def test_model_that_fails_to_load_is_reported(tmp_path):
 
 
 def test_extra_asg_tables_option_names_tables_by_stem_or_given_name():
-    from server.state import tts_config
+    from pcgtts.server.state import tts_config
 
     settings = ServerSettings(extra_asg_tables="tables/asg-0.45.safetensors, wide=tables/w.safetensors")
     assert settings.extra_asg_table_paths == {"asg-0.45": Path("tables/asg-0.45.safetensors"),
@@ -118,7 +117,7 @@ def test_extra_asg_tables_option_names_tables_by_stem_or_given_name():
 
 
 def test_initial_codec_chunk_frames_sets_the_first_block(demo_bundle):
-    from server.state import tts_config
+    from pcgtts.server.state import tts_config
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -11,10 +11,9 @@ import json
 import httpx
 import numpy as np
 import soundfile as sf
+from pcgtts.tts import SynthesisOptions
 from server_support import tone, wait_idle
 from websockets.sync.client import connect
-
-from tts import SynthesisOptions
 
 
 def wav_bytes(audio: np.ndarray, rate: int = 22050) -> bytes:
@@ -69,7 +68,7 @@ def test_voice_names_differ_by_more_than_case_and_retried_uploads_are_idempotent
 
 
 def test_one_connection_cannot_queue_unlimited_utterances(live_server, tts_service):
-    from server.routes.ws import MAX_QUEUED
+    from pcgtts.server.routes.ws import MAX_QUEUED
 
     wait_idle(tts_service)
     with connect(live_server.url.replace("http://", "ws://") + "/v1/audio/speech/stream") as ws:

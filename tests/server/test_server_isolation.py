@@ -14,13 +14,12 @@ from dataclasses import replace
 import httpx
 import numpy as np
 import pytest
+from pcgtts.engine.errors import RequestFailed
+from pcgtts.engine.speech.base import DecodeConstraint
+from pcgtts.tts import SynthesisOptions
 from server_support import wait_idle, wait_until
 from test_server_streaming import metric
 from websockets.sync.client import connect
-
-from engine.errors import RequestFailed
-from engine.speech.base import DecodeConstraint
-from tts import SynthesisOptions
 
 TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
         "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?")

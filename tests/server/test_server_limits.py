@@ -13,12 +13,11 @@ import time
 
 import httpx
 import pytest
+from pcgtts.server.security import RedactSecrets, keys_equal
+from pcgtts.server.settings import ServerSettings
 from server_support import LiveServer, free_port
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
-
-from server.security import RedactSecrets, keys_equal
-from server.settings import ServerSettings
 
 KEY = "sekret-Key_1"
 ALLOWED = "https://allowed.example"

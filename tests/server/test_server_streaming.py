@@ -11,10 +11,9 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from pcgtts.tts import SynthesisOptions
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import wait_idle, wait_running, wait_until
-
-from tts import SynthesisOptions
 
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
              "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?")

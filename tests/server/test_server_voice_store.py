@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pcgtts.server.voice_store import VoiceExistsError, VoiceStore, atomic_write
 from server_support import tone
-
-from server.voice_store import VoiceExistsError, VoiceStore, atomic_write
 
 
 def test_create_get_list_delete(tmp_path):

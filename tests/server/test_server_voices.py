@@ -10,10 +10,9 @@ import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from pcgtts.server.settings import ServerSettings
+from pcgtts.tts import TTSConfig, TTSService
 from server_support import LiveServer, free_port, tone
-
-from server.settings import ServerSettings
-from tts import TTSConfig, TTSService
 
 MAX_UPLOAD_MB = 1.0
 

@@ -7,10 +7,9 @@ import json
 import httpx
 import numpy as np
 import pytest
+from pcgtts.server.ws_protocol import AudioDone, AudioProgress, parse_server_event
 from server_support import wait_idle, wait_running
 from websockets.sync.client import connect
-
-from server.ws_protocol import AudioDone, AudioProgress, parse_server_event
 
 LONG_TEXT = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. "
              "How much wood would a woodchuck chuck, if a woodchuck could chuck wood?") * 2
@@ -173,7 +172,7 @@ def test_readme_documents_the_protocol_the_server_speaks():
     """The README's WebSocket section is the text generated from server/ws_protocol.py (one source)."""
     from pathlib import Path
 
-    from server.routes.ws import PROTOCOL
+    from pcgtts.server.routes.ws import PROTOCOL
 
     root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
     readme = (root / "README.md").read_text()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
-from engine import EngineConfig
-from server.settings import ServerSettings
-from server.state import tts_config
-from tts import TTSConfig
+from pcgtts.engine import EngineConfig
+from pcgtts.server.settings import ServerSettings
+from pcgtts.server.state import tts_config
+from pcgtts.tts import TTSConfig
 
 
 def defaults(cls) -> dict:

@@ -7,10 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+from pcgtts.tts import InvalidOptions, NothingToSay, SynthesisOptions
+from pcgtts.tts.text import split_sentences
 from server_support import wait_idle
-
-from tts import InvalidOptions, NothingToSay, SynthesisOptions
-from tts.text import split_sentences
 
 
 def test_split_sentences_keeps_order_and_bounds_length():
@@ -80,7 +79,7 @@ def test_aclose_aborts_and_frees_kv(tts_service):
 
 def test_decode_threads_keep_each_stream_exact(demo_bundle, tts_service):
     """Streams spread over two codec threads give the same audio as on the shared one-thread service."""
-    from tts import TTSConfig, TTSService
+    from pcgtts.tts import TTSConfig, TTSService
 
     async def many(service):
         async def one(i):
@@ -142,7 +141,7 @@ class HeldCodec:
 
 def test_decode_pool_runs_earliest_deadline_first(tts_service):
     """With the codec thread busy, a queued first chunk (deadline 0) overtakes a stream ahead of playback."""
-    from tts.decode_pool import DecodePool
+    from pcgtts.tts.decode_pool import DecodePool
 
     codec = tts_service.codec
     rng = np.random.default_rng(0)
@@ -177,7 +176,7 @@ def test_decode_pool_runs_earliest_deadline_first(tts_service):
 def test_one_streams_codec_failure_ends_only_that_stream(tts_service):
     """Jobs batched into one codec call with a stream whose codes the codec cannot take (out of its
     codebook): that stream gets the error, the others their audio exactly as when decoded alone."""
-    from tts.decode_pool import DecodePool
+    from pcgtts.tts.decode_pool import DecodePool
 
     codec = tts_service.codec
     rng = np.random.default_rng(1)
@@ -215,8 +214,8 @@ def test_one_streams_codec_failure_ends_only_that_stream(tts_service):
 def test_a_codec_failure_fails_its_synthesis_and_the_others_go_on(tts_service):
     """A synthesis whose decoder breaks ends with SynthesisFailed (the server's in-band error); the streams
     sharing codec calls with it finish with their full audio."""
-    from tts import SynthesisFailed
-    from tts.decode_pool import DecodePool
+    from pcgtts.tts import SynthesisFailed
+    from pcgtts.tts.decode_pool import DecodePool
 
     codec = tts_service.codec
     poisoned = PoisonedCodec(codec)
@@ -266,8 +265,8 @@ class PoisonedCodec:
 def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
     """A/B tests in one server: a request names one of the loaded ASG tables, or verifies fewer drafts
     than the engine's γ."""
-    from asg_tables import ASGTable
-    from tts import TTSConfig, TTSService
+    from pcgtts.asg_tables import ASGTable
+    from pcgtts.tts import TTSConfig, TTSService
 
     service = TTSService.load(TTSConfig(model_dir=demo_bundle))
     vocab = service.engine.vocab_size
@@ -299,7 +298,7 @@ def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
 def test_uploaded_voices_are_pinned_like_presets(tts_service):
     """A request in a voice that is not a preset (an uploaded one) pins that voice's prompt prefix in the
     engine's prefix cache (lru among such voices); the next request in it finds the prefix cached."""
-    from tts import VoicePrompt
+    from pcgtts.tts import VoicePrompt
 
     preset = next(iter(tts_service.preset_voices().values()))
     uploaded = VoicePrompt(codes=np.asarray(preset.codes)[::-1].copy(), transcript="someone else says this")

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pcgtts.engine.codec.base import Codec, StreamingDecoder
+from pcgtts.engine.codec.demo.decoder import CentroidLookup, CodeToMel
+from pcgtts.engine.codec.demo.features import LOG_FLOOR, MelSpec
+from pcgtts.engine.codec.demo.griffinlim import BlockGLConfig, BlockGriffinLim, batched_by, synthesize_blocks
 from safetensors.torch import load_file
-
-from engine.codec.base import Codec, StreamingDecoder
-from engine.codec.demo.decoder import CentroidLookup, CodeToMel
-from engine.codec.demo.features import LOG_FLOOR, MelSpec
-from engine.codec.demo.griffinlim import BlockGLConfig, BlockGriffinLim, batched_by, synthesize_blocks
 
 
 class DemoMelCodec(Codec):

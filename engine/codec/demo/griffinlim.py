@@ -26,8 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-
-from engine.codec.demo.features import MelSpec
+from pcgtts.engine.codec.demo.features import MelSpec
 
 UPSAMPLE = 2  # synthesis frames per mel frame
 

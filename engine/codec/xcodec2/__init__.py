@@ -1,5 +1,5 @@
 """X-codec2, Llasa's codec, through the real `xcodec2` package (optional extra: `make install-xcodec2`)."""
 
-from engine.codec.xcodec2.codec import WindowedStreamingDecoder, XCodec2Codec
+from pcgtts.engine.codec.xcodec2.codec import WindowedStreamingDecoder, XCodec2Codec
 
 __all__ = ["WindowedStreamingDecoder", "XCodec2Codec"]

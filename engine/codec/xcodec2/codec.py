@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from engine.codec.base import Codec, EncoderUnavailable, StreamingDecoder
+from pcgtts.engine.codec.base import Codec, EncoderUnavailable, StreamingDecoder
 
 
 class XCodec2Codec(Codec):
@@ -34,8 +33,8 @@ class XCodec2Codec(Codec):
     @classmethod
     def from_dir(cls, path: str | Path | None, device: str | None = None,
                  semantic_model: str | Path | None = None) -> XCodec2Codec:
-        from engine.codec.xcodec2.loading import find_semantic_dir, load_model
-        from engine.codec.xcodec2.stand_ins import xcodec2_imported
+        from pcgtts.engine.codec.xcodec2.loading import find_semantic_dir, load_model
+        from pcgtts.engine.codec.xcodec2.stand_ins import xcodec2_imported
 
         if path is None or not Path(path).is_dir():
             raise FileNotFoundError(f"X-codec2 needs a local codec directory, --codec DIR (got {path!r}); "

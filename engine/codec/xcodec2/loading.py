@@ -22,10 +22,9 @@ import os
 from pathlib import Path
 
 import torch
+from pcgtts.engine.codec.base import EncoderUnavailable
+from pcgtts.engine.codec.xcodec2.stand_ins import xcodec2_imported
 from torch import nn
-
-from engine.codec.base import EncoderUnavailable
-from engine.codec.xcodec2.stand_ins import xcodec2_imported
 
 SEMANTIC_REPO = "facebook/w2v-bert-2.0"
 SEMANTIC_ENV = "PCGTTS_SEMANTIC_MODEL"

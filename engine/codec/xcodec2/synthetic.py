@@ -16,8 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
-from engine.codec.xcodec2.loading import REDUCED_KEY, SEMANTIC_FILES, build_model, save_model
+from pcgtts.engine.codec.xcodec2.loading import REDUCED_KEY, SEMANTIC_FILES, build_model, save_model
 
 REDUCED_CODEC = {"semantic_hidden_size": 64,
                  REDUCED_KEY: {"encoder": {"ngf": 8, "hidden_dim": 2048 - 64}, "decoder": {"depth": 1}}}

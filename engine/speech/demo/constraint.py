@@ -24,11 +24,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-
-from engine.cpu_kernel import compiled_applies
-from engine.speech.base import DecodeConstraint
-from engine.speech.demo.constraint_cpu import merge_markers_cpu
-from engine.speech.demo.layout import END, DemoVocab
+from pcgtts.engine.cpu_kernel import compiled_applies
+from pcgtts.engine.speech.base import DecodeConstraint
+from pcgtts.engine.speech.demo.constraint_cpu import merge_markers_cpu
+from pcgtts.engine.speech.demo.layout import END, DemoVocab
 
 
 class MarkerMergeConstraint(DecodeConstraint):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from engine.cpu_kernel import cpu_kernel
+from pcgtts.engine.cpu_kernel import cpu_kernel
 
 
 # an explicit signature compiles at import (or loads numba's disk cache), not on the first request

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pcgtts.engine.speech.demo.layout import MAX_PHONEMES, MAX_REF_FRAMES, PHONEME_OFFSET
 from safetensors.torch import load_file, save_file
 from torch import nn
-
-from engine.speech.demo.layout import MAX_PHONEMES, MAX_REF_FRAMES, PHONEME_OFFSET
 
 MAX_TEXT_PHONEMES = 512
 REF_STRIDE = 4

@@ -18,12 +18,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
-from engine.speech.demo.constraint import MarkerMergeConstraint
-from engine.speech.demo.durations import DurationModel
-from engine.speech.demo.espeak import phonemize
-from engine.speech.demo.layout import END, DemoVocab, prompt_tokens
+from pcgtts.engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
+from pcgtts.engine.speech.demo.durations import DurationModel
+from pcgtts.engine.speech.demo.espeak import phonemize
+from pcgtts.engine.speech.demo.layout import END, DemoVocab, prompt_tokens
 
 FAMILY_FILE = "family.json"
 DURATION_DIR = "duration"

@@ -1,0 +1,1 @@
+"""Shipped model files (`models/demo-en`: the embedded demo model), installed as data of `pcgtts.models`."""
