@@ -23,6 +23,7 @@ from pcgtts.asg_tables import ASGTable
 from pcgtts.bench.step_speed import batched, build_engine, machine, speech_requests
 from pcgtts.engine import Engine
 from pcgtts.engine.acceptance import AcceptanceRule, make_rule
+from pcgtts.engine.ops import TORCH_OPS
 from pcgtts.tts.bundle import ModelBundle
 
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft probs, target probs
@@ -31,14 +32,14 @@ Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft pr
 def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
     """The rules `bench acceptance --quick` runs, PCG with the bundle's own table; exact and PCG both as the
     compiled CPU loop (what the engine runs on CPU) and as torch ops (what it runs on CUDA)."""
-    rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", compiled=False),
+    rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", ops=TORCH_OPS),
              "ssd β=0.2": make_rule("ssd", bias=0.2),
              "top-k k=3": make_rule("topk", k=3)}
     if bundle.asg_table is not None:
         table = ASGTable.load(bundle.asg_table)
         name = table.meta.get("name") or f"θ={float(table.meta['theta']):g}"
         rules[f"pcg {name}"] = make_rule("pcg", table=table)
-        rules[f"pcg {name} torch ops"] = make_rule("pcg", table=table, compiled=False)
+        rules[f"pcg {name} torch ops"] = make_rule("pcg", table=table, ops=TORCH_OPS)
     return rules
 
 

@@ -29,6 +29,7 @@ from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
 from pcgtts.engine.model.loader import few_op_forms, load_llama, resolve_dtype
 from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.ops import Ops
 from pcgtts.engine.scheduler import Scheduler
 from pcgtts.engine.sequence import Sequence as Seq
 from pcgtts.engine.spec_decode import SpeculativeDecoder
@@ -106,7 +107,10 @@ class Engine:
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
                                                                 else 0.0)
 
-        self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device)
+        # the forms of the per-step operations, chosen once for this engine (engine/ops)
+        self.ops = Ops.choose(self.device, self.target_config.vocab_size, config.compiled_cpu_ops)
+        self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device,
+                               self.ops)
         for runner in (self.target, self.draft):
             if runner is not None:
                 runner.blocks.prefix_caching = config.enable_prefix_caching
@@ -114,7 +118,7 @@ class Engine:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator,
-                                          self.head)
+                                          self.head, self.ops)
         self.policy = SpeculationPolicy(self.gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,

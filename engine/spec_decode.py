@@ -31,6 +31,7 @@ from pcgtts.engine.acceptance import AcceptanceRule
 from pcgtts.engine.acceptance.sampling import RowGenerators
 from pcgtts.engine.model.feature_head import FeatureHead
 from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.ops import Ops
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.engine.sequence import Sequence
 
@@ -44,9 +45,9 @@ class StepResult:
 
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, draft: ModelRunner | None, gamma: int,
-                 shared_generator: torch.Generator, head: FeatureHead | None = None):
+                 shared_generator: torch.Generator, head: FeatureHead | None, ops: Ops):
         """draft or head (at most one) proposes; each sequence brings the acceptance rule that verifies its
-        drafts (`Sequence.rule`)."""
+        drafts (`Sequence.rule`). ops: the forms of the per-step operations (the engine's, engine/ops)."""
         if draft is not None and head is not None:
             raise ValueError("one draft: a Llama draft or a feature head, not both")
         self.target = target
@@ -56,6 +57,7 @@ class SpeculativeDecoder:
         self.shared_generator = shared_generator
         self.vocab_size = target.model.cfg.vocab_size
         self.device = target.device
+        self.ops = ops
         self._valid: dict[tuple[int, int], torch.Tensor] = {}
 
     # ---- prefill ----------------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ class SpeculativeDecoder:
             ready = [s.draft_state_at == s.length for s in seqs]
             if not all(ready):
                 return self._split_step(seqs, ready) if any(ready) else self.step(seqs, speculate=False)
-        sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator)
+        sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator, self.ops)
         if self.gamma == 0 or not speculate:
             return self._target_only(seqs, sampler)
         return self._speculate(seqs, sampler)

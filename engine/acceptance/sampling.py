@@ -7,6 +7,8 @@ can never be returned (searchsorted(right=True) lands on a strictly rising step 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -36,6 +38,29 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator | RowGenerators |
     if isinstance(generator, RowGenerators):
         return generator.rand(shape, device)
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class VerifyUniforms:
+    """Every uniform one verify call uses, drawn in one place and one order, so that the forms of a verify
+    (engine/ops/verify.py) and the rules that share its steps draw the same tokens from the same seed.
+
+    accept: Float64[B, γ]  position i's acceptance test (for group rules also its label: draw_label)
+    emit:   Float64[B]     the emitted token at the first rejection or the bonus slot (group rules: its group)
+    token:  Float64[B]     group rules: the token inside the emitted group (None for token-level rules)
+    """
+
+    accept: torch.Tensor
+    emit: torch.Tensor
+    token: torch.Tensor | None = None
+
+    @classmethod
+    def draw(cls, generator: torch.Generator | RowGenerators | None, rows: int, gamma: int,
+             device: torch.device, in_group: bool = False) -> VerifyUniforms:
+        """Draws accept, then emit, then (in_group) token."""
+        accept = uniform((rows, gamma), generator, device)
+        emit = uniform((rows,), generator, device)
+        return cls(accept, emit, uniform((rows,), generator, device) if in_group else None)
 
 
 BLOCK = 256  # tokens per block of the two-level inverse CDF

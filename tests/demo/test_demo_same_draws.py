@@ -6,7 +6,8 @@ which they draw their uniforms, shows up here as a different digest.
 
 The prompts cover the engine's paths: a batch of six (seeded rows, with their own generators, verified
 together; one unseeded row on the shared generator; one row with exact acceptance; one verifying two drafts
-instead of three) and a seeded request alone (batch 1)."""
+instead of three) and a seeded request alone (batch 1). One of the rare draws that lands within float
+rounding of a step of a cumulative sum would tell the forms apart; none does in these 891 tokens."""
 
 from __future__ import annotations
 
@@ -52,9 +53,38 @@ def demo_decode(**engine_options) -> list[list]:
     return [[g.token_ids, g.num_steps, g.num_drafted, g.num_accepted] for g in gens]
 
 
-def test_demo_decode_gives_the_recorded_tokens_in_the_recorded_steps():
-    record = demo_decode()
+@pytest.mark.parametrize("compiled_cpu_ops", [True, False], ids=["compiled", "torch-ops"])
+def test_demo_decode_gives_the_recorded_tokens_in_the_recorded_steps(compiled_cpu_ops):
+    """Both forms of the per-step operations (engine/ops): the compiled loops (the CPU default) and the
+    torch ops CUDA runs (which gave the same digest at a77ce58)."""
+    record = demo_decode(compiled_cpu_ops=compiled_cpu_ops)
     tokens, steps = [len(r[0]) for r in record], [r[1] for r in record]
     assert (tokens, steps) == (EXPECTED_TOKENS, EXPECTED_STEPS), "token counts or step counts changed"
     assert hashlib.sha256(json.dumps(record).encode()).hexdigest() == EXPECTED_DIGEST, \
         "same counts, different tokens"
+
+
+@pytest.mark.parametrize("compiled_cpu_ops", [True, False], ids=["compiled", "torch-ops"])
+def test_the_engine_switch_chooses_the_form_of_every_op(monkeypatch, compiled_cpu_ops):
+    """EngineConfig.compiled_cpu_ops reaches the constraint, the draft's softmax-and-draw and both verifies:
+    on, each runs its compiled loop; off, none does."""
+    from pcgtts.engine.ops import marker_merge, softmax_draw, verify
+
+    calls: dict[str, int] = {}
+    for module, name in ((softmax_draw, "_softmax_draw_rows"), (marker_merge, "_merge_markers_rows"),
+                         (verify, "_verify_rows")):
+        def counted(*args, _kernel=getattr(module, name), _name=name):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _kernel(*args)
+        monkeypatch.setattr(module, name, counted)
+    bundle = ModelBundle.from_dir(DEFAULT_MODEL_DIR)
+    family = bundle.load_family()
+    engine = Engine(EngineConfig(target=str(bundle.target_dir), draft=str(bundle.draft_dir), acceptance="pcg",
+                                 asg_table=str(bundle.asg_table), compiled_cpu_ops=compiled_cpu_ops))
+    prompt = family.build_prompt(TEXTS[0], None)
+    expected = {"_softmax_draw_rows", "_merge_markers_rows", "_verify_rows"} if compiled_cpu_ops else set()
+    for rule in ("pcg", "exact"):
+        calls.clear()
+        engine.generate([prompt.token_ids], SamplingParams(
+            temperature=0.5, max_tokens=12, constraint=prompt.constraint, seed=1, acceptance=rule))
+        assert set(calls) == expected, rule
