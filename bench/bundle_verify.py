@@ -13,14 +13,13 @@ repeats of the mean time per verify call, with its ratio to exact's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 from pcgtts.asg_tables import ASGTable
-from pcgtts.bench.step_speed import batched, build_engine, machine, speech_requests
+from pcgtts.bench.common import batched, bundle_engine, machine, speech_requests, write_json
 from pcgtts.engine import Engine
 from pcgtts.engine.acceptance import AcceptanceRule, make_rule
 from pcgtts.engine.ops import TORCH_OPS
@@ -45,8 +44,7 @@ def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
 
 def exact_engine(bundle: ModelBundle, gamma: int = 3) -> Engine:
     """The engine whose steps are captured: exact SD, eager, on CPU."""
-    return build_engine(bundle, "exact", "eager", argparse.Namespace(
-        gamma=gamma, device="cpu", dtype="auto", compile_cache_dir=None))
+    return bundle_engine(bundle, "exact", gamma=gamma)
 
 
 def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) -> list[Step]:
@@ -118,7 +116,6 @@ def main(args: argparse.Namespace) -> int:
     result["command"] = (f"pcgtts bench verify --model {args.model} --batch-sizes "
                          f"{' '.join(map(str, args.batch_sizes))} --utterances {args.utterances} "
                          f"--max-tokens {args.max_tokens} --reps {args.reps} --threads {args.threads}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "verify_bundle.json").write_text(json.dumps(result, indent=1))
+    write_json(args.out / "verify_bundle.json", result)
     print(markdown(result))
     return 0

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 from pcgtts.asg_tables import build_asg
 from pcgtts.asg_tables.embeddings import read_embedding_rows
-from pcgtts.bench.rejections import shown_path
+from pcgtts.bench.common import DecodeTally, machine, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -168,26 +167,23 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
     out = out_dir / "groups.json"
     report: dict = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
-                    "machine": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(), "tables": {}, "decoding": {}}
+                    "machine": machine(), "tables": {}, "decoding": {}}
     if out.exists():  # resume: rows already measured with the same settings are kept
         old = json.loads(out.read_text())
         if all(old.get(k) == report[k] for k in ("model", "temperature", "sentences", "seeds", "swap_seeds")):
             report["tables"], report["decoding"] = old["tables"], old["decoding"]
 
     def save() -> None:
-        out.write_text(json.dumps(report, indent=1) + "\n")
+        write_json(out, report)
 
     def timed(engine: Engine, kw: dict) -> tuple[list, dict]:
         start = time.perf_counter()
         gens = engine.generate([p.token_ids for p in prompts], params(**kw))
         wall = time.perf_counter() - start
-        tokens = sum(len(g.token_ids) for g in gens)
-        drafted, accepted = sum(g.num_drafted for g in gens), sum(g.num_accepted for g in gens)
-        steps = sum(g.num_steps for g in gens)
-        return gens, {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-                      "accepted_over_drafted": accepted / drafted if drafted else None,
-                      "tokens_per_verify_step": tokens / steps if steps else None}
+        tally = DecodeTally.of(gens)
+        return gens, {"wall_s": wall, "tokens": tally.tokens, "tokens_per_s": tally.tokens / wall,
+                      "acceptance_rate": tally.acceptance_rate,
+                      "tokens_per_verify_step": tally.tokens_per_verify_step}
 
     base_gens, stats = timed(Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0)), {})
     baseline = [g.token_ids for g in base_gens]
