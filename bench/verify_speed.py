@@ -11,7 +11,7 @@ cosine neighbourhoods, like real ones). Distributions: target logits ~ N(0, 3²)
 target + N(0, 1.5²), so acceptance is moderate and the rejection paths run.
 
 Forward: one target verify step of a Llama-3.2-1B-shaped model (d = 2,048, 32 heads / 8 KV heads of 64, ffn
-8,192, 16 layers) on γ+1 = 4 new tokens per sequence over a 512-token KV context, float32 on this CPU. A few
+8,192, 16 layers) on γ+1 = 4 new tokens per sequence over a 512-token KV context, float32 on the CPU. A few
 layers are timed and scaled to 16; the LM head (2,048 x 193,800) is timed once and added.
 
 Timings are medians over repeats measured in the same process; results go to OUT/verify_speed.json (and

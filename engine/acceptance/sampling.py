@@ -65,8 +65,8 @@ class VerifyUniforms:
 
 BLOCK = 256  # tokens per block of the two-level inverse CDF
 # Up to this many weights in all (rows x categories) one float64 cumulative sum is cheaper than the two levels
-# (about 20 small ops, ~160 µs on a 2.6 GHz Xeon core: more than a 65,536-long cumulative sum for one row, or
-# an 8,192-long one for six; beyond that the float64 copy of every row costs more).
+# (about 20 small ops, which cost more than one cumulative sum of this length); beyond it the float64 copy of
+# every row costs more.
 SINGLE_PASS_MAX_ELEMENTS = 1 << 16
 
 
