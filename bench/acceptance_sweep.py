@@ -111,7 +111,7 @@ class TableCache:
         return out
 
 
-def engine_config(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, gamma: int,
+def engine_config(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, num_speculative_tokens: int,
                   device: str) -> EngineConfig:
     spec_decoding = spec.rule != "target-only"
     return EngineConfig(
@@ -120,14 +120,14 @@ def engine_config(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, gamma
         acceptance=spec.rule if spec_decoding else "exact",
         acceptance_params=dict(spec.params),
         asg_table=tables.path(spec.theta) if spec.theta is not None else None,
-        num_speculative_tokens=gamma if spec_decoding else 0,
+        num_speculative_tokens=num_speculative_tokens if spec_decoding else 0,
         device=device,
     )
 
 
-def run_spec(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, prompts, params, gamma: int,
-             device: str) -> tuple[dict, list[list[int]]]:
-    engine = Engine(engine_config(bundle, spec, tables, gamma, device))
+def run_spec(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, prompts, params,
+             num_speculative_tokens: int, device: str) -> tuple[dict, list[list[int]]]:
+    engine = Engine(engine_config(bundle, spec, tables, num_speculative_tokens, device))
     engine.generate(prompts[:1], [params[0]])  # warm-up: first-call allocations stay out of the timing
     start = time.perf_counter()
     gens = engine.generate(prompts, params)
@@ -137,7 +137,7 @@ def run_spec(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, prompts, p
         "label": spec.label,
         "rule": spec.rule,
         "params": {**spec.params, **({"theta": spec.theta} if spec.theta is not None else {})},
-        "gamma": gamma if spec.rule != "target-only" else 0,
+        "num_speculative_tokens": num_speculative_tokens if spec.rule != "target-only" else 0,
         "wall_s": wall,
         "tokens": tally.tokens,
         "tokens_per_s": tally.tokens / wall,
@@ -164,7 +164,8 @@ def measure_quality(bundle: ModelBundle, texts: list[str], outputs: list[list[in
     return quality
 
 
-def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, temperature: float = 0.8,
+def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, num_speculative_tokens: int = 3,
+              temperature: float = 0.8,
               seed: int = 0, device: str = "cpu", with_asr: bool = True, max_tokens: int = 800,
               rules: set[str] | None = None) -> list[dict]:
     bundle = ModelBundle.from_dir(model_dir)
@@ -185,7 +186,7 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
                  if rules is None or s.rule in rules or s.rule == "target-only"]
         for spec in specs:
             torch.manual_seed(seed)
-            row, outputs = run_spec(bundle, spec, tables, prompts, params, gamma, device)
+            row, outputs = run_spec(bundle, spec, tables, prompts, params, num_speculative_tokens, device)
             row.update(measure_quality(bundle, texts, outputs, transcribe))
             rows.append(row)
             print(f"{spec.label:>22}: {row['tokens_per_s']:7.1f} tok/s  α={row['acceptance_rate']}  "
@@ -193,7 +194,8 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
     base = next((r["tokens_per_s"] for r in rows if r["rule"] == "target-only"), None)
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / base if base else None
-    meta = {"model": str(model_dir), "device": device, "gamma": gamma, "temperature": temperature,
+    meta = {"model": str(model_dir), "device": device, "num_speculative_tokens": num_speculative_tokens,
+            "temperature": temperature,
             "num_utterances": len(texts), "machine": machine()}
     write_json(out_dir / "acceptance.json", rows)
     write_json(out_dir / "acceptance_meta.json", meta)
@@ -228,7 +230,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     parser.add_argument("--quick", action="store_true", help="6 utterances, the six main rules")
-    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -243,9 +245,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
-    rows = run_sweep(args.model, args.out, quick=args.quick, gamma=args.gamma,
-                     temperature=args.temperature, seed=args.seed, device=args.device,
-                     with_asr=not args.no_asr, max_tokens=args.max_tokens,
+    rows = run_sweep(args.model, args.out, quick=args.quick,
+                     num_speculative_tokens=args.num_speculative_tokens, temperature=args.temperature,
+                     seed=args.seed, device=args.device, with_asr=not args.no_asr, max_tokens=args.max_tokens,
                      rules=set(args.rules.split(",")) if args.rules else None)
     print(json.dumps([{k: r[k] for k in ("label", "speedup", "acceptance_rate", "wer")} for r in rows],
                      indent=1))

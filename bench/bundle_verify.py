@@ -42,9 +42,9 @@ def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
     return rules
 
 
-def exact_engine(bundle: ModelBundle, gamma: int = 3) -> Engine:
+def exact_engine(bundle: ModelBundle, num_speculative_tokens: int = 3) -> Engine:
     """The engine whose steps are captured: exact SD, eager, on CPU."""
-    return bundle_engine(bundle, "exact", gamma=gamma)
+    return bundle_engine(bundle, "exact", num_speculative_tokens=num_speculative_tokens)
 
 
 def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) -> list[Step]:
@@ -55,7 +55,7 @@ def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) 
     original = decoder._verify
 
     def recording(seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
-        if all(g == decoder.gamma for g in row_gammas):
+        if all(g == decoder.num_speculative_tokens for g in row_gammas):
             kept.append((drafts.clone(), draft_probs.clone(), target_probs.clone()))
         return original(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
 
@@ -86,10 +86,11 @@ def time_rules(rules: dict[str, AcceptanceRule], steps: list[Step], repeats: int
             for name, values in runs.items()}
 
 
-def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int, gamma: int = 3,
+def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int,
+        num_speculative_tokens: int = 3,
         temperature: float = 0.8) -> dict:
     bundle = ModelBundle.from_dir(model)
-    engine = exact_engine(bundle, gamma)
+    engine = exact_engine(bundle, num_speculative_tokens)
     prompts, params = speech_requests(bundle, utterances, temperature, max_tokens)
     rules = bundle_rules(bundle)
     rows = []
@@ -97,9 +98,9 @@ def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, r
         steps = capture_steps(engine, prompts, params, batch_size)
         for name, timing in time_rules(rules, steps, repeats).items():
             rows.append({"batch": batch_size, "rule": name, "steps": len(steps), **timing})
-    return {"machine": machine(), "gamma": gamma, "temperature": temperature, "utterances": utterances,
-            "max_tokens": max_tokens, "repeats": repeats, "vocab_size": engine.target.model.cfg.vocab_size,
-            "rows": rows}
+    return {"machine": machine(), "num_speculative_tokens": num_speculative_tokens,
+            "temperature": temperature, "utterances": utterances, "max_tokens": max_tokens,
+            "repeats": repeats, "vocab_size": engine.target.model.cfg.vocab_size, "rows": rows}
 
 
 def markdown(result: dict) -> str:

@@ -11,6 +11,9 @@ One name per quantity, in every benchmark, in bench/results/ and in the README:
     mean_accepted_len       the DESIGN contract's name for tokens_per_verify_step in `bench acceptance` rows
     tokens_per_s            tokens / wall-clock seconds
     speedup                 tokens_per_s / target-only's tokens_per_s in the same run
+
+and the setting `num_speculative_tokens` (γ, draft tokens per step: the engine's and the HTTP API's name, in
+flags, parameters and result keys; γ or gamma only inside a formula).
 """
 
 from __future__ import annotations
@@ -148,8 +151,9 @@ def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, li
     return [(prompts[i:i + batch_size], params[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
 
 
-def bundle_engine(bundle: ModelBundle, rule: str, *, gamma: int = 3, decode_graphs: str = "eager",
-                  device: str = "cpu", dtype: str = "auto", compile_cache_dir: Path | None = None) -> Engine:
+def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int = 3,
+                  decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
+                  compile_cache_dir: Path | None = None) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (PCG over the bundle's ASG table)."""
     from pcgtts.engine import Engine, EngineConfig
@@ -158,5 +162,5 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, gamma: int = 3, decode_grap
     return Engine(EngineConfig(
         target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
         acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
-        num_speculative_tokens=gamma if spec else 0, device=device, dtype=dtype,
+        num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
         decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir))

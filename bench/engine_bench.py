@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--theta", type=float, help="θ of the ASG table built when none is given "
                         "(default: the shape's)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--gamma", type=int, default=3, help="draft tokens per step (γ)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
     parser.add_argument("--prompt-len", type=int, default=64, help="random prompts: tokens per prompt")
     parser.add_argument("--speech-prompts", type=Path, metavar="BUNDLE",
@@ -150,7 +150,8 @@ VLLM_PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
 def vllm_job(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]]) -> dict:
     return {"target": str(Path(setup.target).resolve()),
             "draft": str(Path(setup.draft).resolve()) if setup.draft and "exact" in args.modes else None,
-            "gamma": args.gamma, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
             "top_p": args.top_p, "repeats": args.repeats, "eager": args.vllm_eager,
             "prompts": prompts_by_batch}
 
@@ -258,11 +259,12 @@ class EngineRunner:
 
         spec = mode != "target-only"
         self.mode = mode
-        per_seq = longest_prompt + args.max_tokens + 2 * args.gamma + 32
+        per_seq = longest_prompt + args.max_tokens + 2 * args.num_speculative_tokens + 32
         self.engine = Engine(EngineConfig(
             target=setup.target, draft=(getattr(args, "our_draft", None) or setup.draft) if spec else None,
             acceptance=mode if spec else "exact", asg_table=setup.asg_table,
-            num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
+            num_speculative_tokens=args.num_speculative_tokens if spec else 0, device=args.device,
+            dtype=args.dtype,
             decode_graphs=getattr(args, "decode_graphs", "eager"), max_num_seqs=max(args.batch_sizes),
             kv_budget_tokens=max(args.batch_sizes) * per_seq))
 
@@ -294,7 +296,7 @@ class HFRunner:
         self.extra = {}
         if assisted:
             assistant = LlamaForCausalLM.from_pretrained(setup.draft, dtype=dtype).to(device).eval()
-            assistant.generation_config.num_assistant_tokens = args.gamma
+            assistant.generation_config.num_assistant_tokens = args.num_speculative_tokens
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
             self.extra = {"assistant_model": assistant}
 
@@ -470,7 +472,8 @@ def main(args) -> int:
         rows += with_speedups(vllm_rows(args, setup, job, rounds), rows)
     print(format_rows(rows))
     if args.out:
-        meta = {"setup": setup.description, "machine": machine(), "device": args.device, "gamma": args.gamma,
+        meta = {"setup": setup.description, "machine": machine(), "device": args.device,
+                "num_speculative_tokens": args.num_speculative_tokens,
                 "decode_graphs": getattr(args, "decode_graphs", "eager"),
                 "max_tokens": args.max_tokens, "temperature": args.temperature,
                 "prompts": (f"speech prompts of {args.speech_prompts}" if args.speech_prompts

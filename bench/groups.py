@@ -38,7 +38,7 @@ from pcgtts.bench.common import DecodeTally, machine, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
-GAMMA = 3
+NUM_SPECULATIVE_TOKENS = 3
 DEFAULT_TABLES = ("emb:0.55", "emb:0.4", "mel:0.4", "mel:0.5")
 DEFAULT_DECODE_TABLES = ("mel:0.0", "emb:0.55", "mel:0.3", "mel:0.35", "mel:0.4")
 
@@ -165,7 +165,8 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                     bundle.root / "voices")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "groups.json"
-    report: dict = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
+    report: dict = {"model": shown_path(model_dir), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                    "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
                     "machine": machine(), "tables": {}, "decoding": {}}
     if out.exists():  # resume: rows already measured with the same settings are kept
@@ -222,7 +223,8 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                   f"swapped {row['swapped_share']:.2f} {deltas(row)}", flush=True)
         if decode_tables:
             engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
-                                         num_speculative_tokens=GAMMA, asg_table=paths[decode_tables[0]],
+                                         num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+                                         asg_table=paths[decode_tables[0]],
                                          extra_asg_tables={s: paths[s] for s in decode_tables}))
             runs = [(f"pcg {s}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
             for label, kw in runs:

@@ -36,7 +36,7 @@ from pcgtts.bench.common import SENTENCES, DecodeTally, machine, ratio, shown_pa
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
-GAMMA = 3
+NUM_SPECULATIVE_TOKENS = 3
 EMBEDDING_THETAS = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)
 ACOUSTIC_FRACTIONS = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55)  # L2 radius / mean distance between centroids
 
@@ -77,7 +77,7 @@ def record_exact(bundle: ModelBundle, texts: list[str], seeds: list[int], temper
                  max_tokens: int) -> tuple[Records, list[list[int]], dict]:
     family = bundle.load_family()
     engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
-                                 num_speculative_tokens=GAMMA))
+                                 num_speculative_tokens=NUM_SPECULATIVE_TOKENS))
     records = Records()
     # bench hook: the engine's cached exact rule, wrapped so that every verify is recorded
     engine.rules._rules[("exact", None)] = RecordingRule(engine.rules.get("exact"), records)  # noqa: SLF001
@@ -118,7 +118,7 @@ def breakdown(rec: Records, vocab, centroids: torch.Tensor, table: ASGTable) -> 
     dist = torch.cdist(centroids, centroids)  # [K, K] log-mel distance between codes
     mean_dist = float(dist[~torch.eye(len(dist), dtype=torch.bool)].mean())
     by_position = {}
-    for i in range(GAMMA):
+    for i in range(NUM_SPECULATIVE_TOKENS):
         idx = [k for k, p in enumerate(rec.position) if p == i]
         by_position[str(i + 1)] = {"verified": len(idx), "accepted": sum(rec.accepted[k] for k in idx),
                                    "acceptance_rate": ratio(sum(rec.accepted[k] for k in idx), len(idx))}
@@ -229,7 +229,8 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], temper
     texts = (SENTENCES * 4)[:sentences]
     rec, _, engine_run = record_exact(bundle, texts, seeds, temperature, max_tokens)
     table = ASGTable.load(bundle.asg_table)
-    report = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
+    report = {"model": shown_path(model_dir), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+              "temperature": temperature,
               "sentences": len(texts),
               "seeds": seeds, "engine_run": engine_run, "machine": machine(),
               "bundle_table": {k: table.meta.get(k) for k in ("theta", "metric", "mean_seed_group_size")}}

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", nargs="+", default=list(RULES), help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-tokens", type=int, default=400, help="cap on generated tokens per utterance")
     parser.add_argument("--utterances", type=int, default=0,
@@ -135,8 +135,9 @@ def run(args) -> dict:
     for graphs in args.graphs:
         for rule in args.rules:
             t0 = time.perf_counter()
-            engine = bundle_engine(bundle, rule, gamma=args.gamma, decode_graphs=graphs, device=args.device,
-                                   dtype=args.dtype, compile_cache_dir=args.compile_cache_dir)
+            engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
+                                   decode_graphs=graphs, device=args.device, dtype=args.dtype,
+                                   compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,
                                             "capture_seconds": engine.capture_seconds}
             engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
@@ -168,20 +169,21 @@ def run(args) -> dict:
         # the target-only engine's target has the captured 1-token graph (the speculative one: γ+1 only)
         single = engines.get((graphs, "target-only"), spec).target
         draft = (spec.draft, 1) if spec.draft is not None else head_step(spec)
-        ms = forward_costs({"target_1": (single, 1), "target_v": (spec.target, args.gamma + 1),
-                            "draft_1": draft}, args.context, consecutive=args.gamma)
+        gamma = args.num_speculative_tokens
+        ms = forward_costs({"target_1": (single, 1), "target_v": (spec.target, gamma + 1), "draft_1": draft},
+                           args.context, consecutive=gamma)
         target_1, target_v, draft_1 = ms["target_1"], ms["target_v"], ms["draft_1"]
         costs[graphs] = {"target_1_ms": target_1, "target_verify_ms": target_v, "draft_1_ms": draft_1,
                          "c": draft_1 / target_1, "v": target_v / target_1}
         for row in rows:
             if row["graphs"] == graphs and row["acceptance_rate"] is not None:
-                row["leviathan_bound"] = leviathan_bound(row["acceptance_rate"], args.gamma,
-                                                         costs[graphs]["c"], costs[graphs]["v"])
+                row["leviathan_bound"] = leviathan_bound(row["acceptance_rate"], gamma, costs[graphs]["c"],
+                                                         costs[graphs]["v"])
                 row["share_of_bound"] = row["speedup"] / row["leviathan_bound"] if row["speedup"] else None
     return {"command": "pcgtts bench step " + " ".join(sys.argv[sys.argv.index("step") + 1:])
             if "step" in sys.argv else " ".join(sys.argv),
             "machine": machine(), "draft": bundle.draft_dir.name if bundle.draft_dir else None,
-            "gamma": args.gamma, "temperature": args.temperature,
+            "num_speculative_tokens": args.num_speculative_tokens, "temperature": args.temperature,
             "max_tokens": args.max_tokens, "utterances": len(prompts), "repeats": args.repeats,
             "start_up": start_up, "forward_costs": costs, "rows": rows}
 
@@ -190,7 +192,8 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# Decode speed: target-only vs exact SD vs PCG (`{result['command']}`)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} "
-             f"thread(s); native bf16: {m['native_bf16']}; CUDA: {m['cuda']}. γ={result['gamma']}, "
+             f"thread(s); native bf16: {m['native_bf16']}; CUDA: {m['cuda']}. "
+             f"γ={result['num_speculative_tokens']}, "
              f"T={result['temperature']}, medians of {result['repeats']} round-robin repeats; every batch "
              f"size decodes the same {result['utterances']} utterances, in batches of its size.", "",
              "| graphs | batch | rule | tokens/s | speed-up | α | tokens/verify step | Leviathan bound "

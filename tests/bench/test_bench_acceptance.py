@@ -27,6 +27,6 @@ def test_quick_sweep_writes_acceptance_json(tmp_path):
     for row in (exact, pcg, looser):
         assert 0.0 <= row["acceptance_rate"] <= 1.0
         # tokens per target forward: 1 + accepted per step, so within [1, γ + 1]
-        assert 1.0 <= row["mean_accepted_len"] <= row["gamma"] + 1
+        assert 1.0 <= row["mean_accepted_len"] <= row["num_speculative_tokens"] + 1
     assert pcg["params"]["theta"] > 0 and looser["params"]["theta"] == round(pcg["params"]["theta"] - 0.1, 4)
     assert (out / "acceptance.png").stat().st_size > 0

@@ -69,5 +69,6 @@ def test_one_name_per_quantity_in_benches_and_results():
     for name, text in files:
         for old, new in RETIRED.items():
             assert not re.search(rf"\b{old}\b", text), f"{name} says {old}; the name is {new}"
+        assert not re.search(r'"gamma":|"--gamma"', text), f"{name}: the setting is num_speculative_tokens"
         if "mean_accepted_len" in text:
             assert name == "acceptance_sweep.py" or name.startswith("results/acceptance/"), name
