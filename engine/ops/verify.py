@@ -14,9 +14,9 @@ The token-level rule is this rule over singleton groups (group k = {k}: P_c = p,
 token, the in-group draw has one choice), so TOKEN_VERIFY's compiled form runs the group loop over
 `singleton_layout(V)`; its torch form is the token-level ops of engine.acceptance.base.
 
-The torch form of the group verify is three plain functions over tensors, for callers that lay drafts out
-their own way (no Engine, no rule object; any leading shape, e.g. vLLM's flattened [N] drafts with
-cu_num_draft_tokens [B]):
+The torch form's steps are plain functions over tensors, for callers that lay drafts out their own way (no
+Engine, no rule object; any leading shape, e.g. vLLM's flattened [N] drafts with cu_num_draft_tokens [B];
+tests/engine/test_ops.py drives them so):
 
     layout = GroupLayout(table)                                   # once per table and device
     labels, accepted = group_test(layout, draft_token_ids, u, draft_probs, target_probs)    # [N] each
