@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +51,43 @@ def test_pcgtts_serve_process_from_environment(demo_bundle, tmp_path):
         body = {"model": "tts-1", "voice": "alloy", "input": "Hello.", "response_format": "wav"}
         assert httpx.post(url + "/v1/audio/speech", json=body, timeout=120).content[:4] == b"RIFF"
     assert (tmp_path / "voices" / "voices.sqlite3").exists()
+
+
+def test_one_line_says_when_the_server_speaks_and_names_the_url_to_open(demo_bundle, tmp_path):
+    """uvicorn's "running on" comes while the model may still load (a POST then gets 503); the ready line
+    comes once the model is loaded and the socket listens, with the URL of PCGTTS_PORT: at that moment a
+    speech request succeeds."""
+    from pcgtts.server.cli import browser_url
+
+    port = free_port()
+    env = {**os.environ, "PCGTTS_MODEL": str(demo_bundle), "PCGTTS_PORT": str(port),
+           "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "info"}
+    process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve"], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not any("ready: open" in line for line in seen):
+            assert time.monotonic() < deadline and process.poll() is None, "".join(seen)
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        url = f"http://127.0.0.1:{port}"
+        body = {"input": "Ready now.", "response_format": "pcm", "max_tokens": 20}
+        spoken = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)  # at once: no retry
+        assert spoken.status_code == 200 and len(spoken.content) > 0, spoken.text
+        assert httpx.get(url + "/ready").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    ready = next(line for line in seen if "ready: open" in line)
+    assert f"ready: open {url}/ for the playground, {url}/docs for the API" in ready
+    assert any("Uvicorn running on" in line for line in seen[:seen.index(ready)])
+    assert browser_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/"
+    assert browser_url("::", 9000) == "http://[::1]:9000/" and browser_url("fe80::1", 80) == "http://[fe80::1]:80/"
 
 
 @pytest.fixture(scope="module")
