@@ -24,7 +24,9 @@ API_DESCRIPTION = """
 OpenAI-compatible text-to-speech with speculative decoding (PCG acceptance).
 
 * `POST /v1/audio/speech` streams audio (mp3, opus, aac, flac, wav, pcm; 24 kHz mono) or SSE events,
-  with extensions for an inline speaker prompt (`ref_audio` + `ref_text`), sampling and the acceptance rule.
+  with extensions for an inline speaker prompt (`ref_audio` + `ref_text`), sampling and the acceptance rule;
+  flac and wav come as complete files (lengths in their headers) unless the client asks for a stream
+  (`"stream": true`, SSE, or the openai SDK's `with_streaming_response`).
 * `/v1/audio/voices` uploads, lists and deletes cloned voices (persisted across restarts).
 * `WS /v1/audio/speech/stream` streams PCM for live playback (protocol below).
 * `/metrics` exports Prometheus metrics; `/health` and `/ready` are for probes; `/` is a playground.

@@ -78,9 +78,13 @@ class SpeechRequest(SamplingFields):
     response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True, description="Playback speed, pitch preserved.")
     stream_format: Literal["audio", "sse"] = "audio"
-    stream: bool = Field(
-        True, strict=True,
-        description="Extension: false waits for the whole utterance and sends it with Content-Length.")
+    stream: bool | None = Field(
+        None, strict=True,
+        description="Extension. true: stream (bytes leave as they are made); false: wait for the whole "
+                    "utterance and send it with Content-Length and complete headers. Unset: streamed, "
+                    "except `flac` and `wav`, whose headers hold the length: those come as complete files "
+                    "unless the client streams (`stream_format: \"sse\"`, or the openai SDK's "
+                    "`with_streaming_response`).")
 
 
 class Usage(BaseModel):

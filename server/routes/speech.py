@@ -9,7 +9,7 @@ from contextlib import aclosing
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pcgtts.server.audio.formats import CONTENT_TYPES, content_type
+from pcgtts.server.audio.formats import CONTENT_TYPES, LENGTH_IN_HEADER, content_type
 from pcgtts.server.audio.pipeline import OutputPipeline, encode_whole
 from pcgtts.server.drain import Drain, until_cut
 from pcgtts.server.errors import APIError
@@ -37,6 +37,23 @@ _AUDIO_CONTENT = {"content": {
     "text/event-stream": {"example": 'data: {"type":"speech.audio.delta","audio":"<base64>"}\n\n'},
 }, "description": "The audio (chunked), or SSE events when stream_format is 'sse'."}
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# The official openai SDK marks `with_streaming_response` requests with this header ("stream"); plain
+# `create()` reads the whole body before it returns, so a stream would gain it nothing.
+SDK_STREAMING_HEADER = "x-stainless-raw-response"
+
+
+def wants_stream(body: SpeechRequest, request: Request) -> bool:
+    """Whether the response streams. SSE always does, and `stream` decides when given. Unset, formats whose
+    streamed bytes already make a complete file (mp3, opus, aac, pcm, G.711) stream; flac and wav, whose
+    streamed header cannot hold the length, come whole unless the client reads a stream (the SDK's
+    `with_streaming_response`): the file `create().write_to_file()` writes then opens in every reader."""
+    if body.stream_format == "sse":
+        return True
+    if body.stream is not None:
+        return body.stream
+    if body.response_format not in LENGTH_IN_HEADER:
+        return True
+    return request.headers.get(SDK_STREAMING_HEADER, "").lower() == "stream"
 
 
 @router.post("/v1/audio/speech", response_class=Response, responses={200: _AUDIO_CONTENT, **_ERRORS},
@@ -44,14 +61,16 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Streams audio as soon as the first chunk is decoded (`stream_format: "audio"`, the default), or
     `speech.audio.delta` / `speech.audio.done` SSE events (`stream_format: "sse"`). Every format is
-    mono at 24 kHz; `pcm` is raw 16-bit little-endian. `stream: false` returns the whole file at once."""
+    mono at 24 kHz (`ulaw`/`alaw` 8 kHz); `pcm` is raw 16-bit little-endian. `flac` and `wav` come as
+    complete files (lengths in their headers, Content-Length) unless `stream: true` or the openai SDK's
+    `with_streaming_response` asks for a stream; `stream: false` returns any format whole."""
     received = time.perf_counter()
     state = get_state(request)
     service, resolver = state.require_ready()
     voice_arg = {"id": body.voice.id} if isinstance(body.voice, VoiceId) else body.voice
     voice, _ = await resolver.resolve(voice_arg, body.ref_audio, body.ref_text)
     sse = body.stream_format == "sse"
-    streamed = body.stream or sse
+    streamed = wants_stream(body, request)
     run = SpeechRun(state.metrics, body.response_format, "sse" if sse else "audio" if streamed else "full",
                     received)
     synth = open_synthesis(service, body.input, voice, synthesis_options(body, streaming=streamed))
