@@ -11,6 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from pcgtts.server.drain import Drain
 from pcgtts.server.errors import APIError, install_error_handlers
+from pcgtts.server.limits import publish_limits, request_limits
 from pcgtts.server.routes import playground, speech, system, voices, ws
 from pcgtts.server.security import http_authorized, install_log_redaction
 from pcgtts.server.settings import ServerSettings
@@ -142,4 +143,21 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
     for module in (speech, voices, ws, system, playground):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=playground.STATIC_DIR), name="static")
+    install_published_limits(app, state)
     return app
+
+
+def install_published_limits(app: FastAPI, state: AppState) -> None:
+    """/openapi.json with the request limits of the model being served (server/limits.py), built once before
+    the model has loaded (the general bounds) and once after (its own)."""
+    built = app.openapi  # FastAPI's generator, which caches its result
+    published: dict[bool, dict] = {}
+
+    def openapi() -> dict:
+        loaded = state.service is not None
+        if loaded not in published:
+            capabilities = state.service.capabilities() if loaded else None
+            published[loaded] = publish_limits(built(), request_limits(capabilities))
+        return published[loaded]
+
+    app.openapi = openapi

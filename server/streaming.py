@@ -171,6 +171,12 @@ def usage_of(synth: Synthesis) -> dict[str, int]:
             "total_tokens": st.prompt_tokens + st.generated_tokens}
 
 
+def outcome_status(err: APIError) -> str:
+    """The `status` a request that ended with `err` is counted under in /metrics: an overload refusal (429)
+    is `refused`, apart from the errors, so an operator tells a full server from a failing one."""
+    return "refused" if err.status == 429 else "error"
+
+
 def stream_error(exc: BaseException) -> APIError:
     """The in-band error for a stream that failed after its headers were sent."""
     if isinstance(exc, ServerShuttingDown):

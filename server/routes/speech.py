@@ -23,6 +23,7 @@ from pcgtts.server.streaming import (
     close_quietly,
     next_or_gone,
     open_synthesis,
+    outcome_status,
     sse_event,
     stream_error,
     synthesis_options,
@@ -31,7 +32,7 @@ from pcgtts.server.streaming import (
 
 router = APIRouter(tags=["speech"])
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 429, 500, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 422, 429, 500, 503)}
 _AUDIO_CONTENT = {"content": {
     **{ctype: {} for ctype in CONTENT_TYPES.values()},
     "text/event-stream": {"example": 'data: {"type":"speech.audio.delta","audio":"<base64>"}\n\n'},
@@ -79,8 +80,8 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     except ClientGone:
         run.finish(synth, "aborted", 0.0)
         return Response(status_code=499)
-    except APIError:
-        run.finish(synth, "error", 0.0)
+    except APIError as err:
+        run.finish(synth, outcome_status(err), 0.0)
         raise
 
     if not streamed:
@@ -153,8 +154,8 @@ async def _whole(body: SpeechRequest, request: Request, synth, first, run: Speec
     except ClientGone:
         run.finish(synth, "aborted", 0.0)
         return Response(status_code=499)
-    except APIError:
-        run.finish(synth, "error", 0.0)
+    except APIError as err:
+        run.finish(synth, outcome_status(err), 0.0)
         raise
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     data = encode_whole(body.response_format, audio, rate, speed=body.speed)

@@ -21,12 +21,19 @@ from pcgtts.server.voice_store import StoredVoice, VoiceExistsError, name_key
 
 router = APIRouter(tags=["voices"])
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 503)}
+_DELETE_ERRORS = {**_ERRORS, 403: {"model": ErrorResponse, "description": "a preset voice of the model"}}
 _NAME = re.compile(r"^[\w][\w .'-]{0,63}$")
 
 
 def _uploaded(v: StoredVoice) -> VoiceResource:
     return VoiceResource(id=v.id, name=v.name, created_at=v.created_at, type="audio_sample", kind="uploaded",
                          transcript=v.transcript, duration=v.duration)
+
+
+def _preset(state: AppState, name: str) -> VoiceResource | None:
+    """The preset named `name`, ignoring case (as names are made unique), or None."""
+    key = name_key(name)
+    return next((p for p in _presets(state) if name_key(p.id) == key), None)
 
 
 def _presets(state: AppState) -> list[VoiceResource]:
@@ -119,19 +126,20 @@ def _find(state: AppState, voice_id: str) -> StoredVoice:
             summary="Get one voice")
 async def get_voice(voice_id: str, request: Request) -> VoiceResource:
     state = get_state(request)
-    for preset in _presets(state):
-        if preset.id == voice_id:
-            return preset
+    if (preset := _preset(state, voice_id)) is not None:
+        return preset
     return _uploaded(_find(state, voice_id))
 
 
-@router.delete("/v1/audio/voices/{voice_id}", response_model=VoiceDeleted, responses=_ERRORS,
+@router.delete("/v1/audio/voices/{voice_id}", response_model=VoiceDeleted, responses=_DELETE_ERRORS,
                summary="Delete an uploaded voice")
 async def delete_voice(voice_id: str, request: Request) -> VoiceDeleted:
-    """Accepts the voice's id or name."""
+    """Accepts the voice's id or name. A preset of the model is refused with 403: it exists, and it is not
+    the client's to delete."""
     state = get_state(request)
-    if any(p.id == voice_id for p in _presets(state)):
-        raise bad_request(f"{voice_id!r} is a preset of the model and cannot be deleted.", param="voice_id")
+    if (preset := _preset(state, voice_id)) is not None:
+        raise APIError(403, f"{preset.name!r} is a preset voice of the model; presets cannot be deleted, "
+                            "only uploaded voices can.", param="voice_id", code="preset_voice")
     voice = _find(state, voice_id)
     await asyncio.to_thread(state.store.delete, voice.id)
     if state.resolver is not None:

@@ -22,11 +22,13 @@ from pcgtts.server.streaming import (
     SpeechRun,
     close_quietly,
     open_synthesis,
+    outcome_status,
     stream_error,
     synthesis_options,
     usage_of,
 )
 from pcgtts.server.ws_protocol import (
+    EMPTY_INPUT_DONE,
     MAX_QUEUED,
     AudioDone,
     AudioProgress,
@@ -151,13 +153,15 @@ class Session:
                 self.pending.append(piece)
         elif kind == "input.done":
             text, self.pending = "".join(self.pending), []
-            if text.strip() and self.state.drain.draining:
+            if not text.strip():
+                await self.send_error(APIError(400, EMPTY_INPUT_DONE, code="empty_input"))
+            elif self.state.drain.draining:
                 await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
                                                code="server_shutting_down"))
-            elif text.strip() and self.queue.qsize() >= MAX_QUEUED:
+            elif self.queue.qsize() >= MAX_QUEUED:
                 limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
                 await self.send_error(APIError(429, limit, code="too_many_utterances"))
-            elif text.strip():
+            else:
                 await self.queue.put((self._next_id, text, self.config))
                 self._next_id += 1
         elif kind == "input.cancel":
@@ -232,8 +236,9 @@ class Session:
         except ServerShuttingDown:
             status, reason = "aborted", SHUTDOWN_REASON
         except Exception as exc:
-            status = "error"
-            await self.send_error(stream_error(exc), uid)
+            err = stream_error(exc)
+            status = outcome_status(err)
+            await self.send_error(err, uid)
         finally:
             await close_quietly(synth)
             run.finish(synth, status, pipeline.audio_seconds)

@@ -127,6 +127,31 @@ def test_overload_is_rate_limit_error(guarded_server):
     assert info.value.response.headers["retry-after"] == "1"
 
 
+def test_refusals_are_counted_apart_from_errors(guarded_server):
+    """/metrics: a 429 (the server at capacity) is status="refused", not "error", so an operator tells
+    overload from faults."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def requests_by_status() -> dict[str, float]:
+        text = httpx.get(guarded_server.url + "/metrics").text
+        family = next(f for f in text_string_to_metric_families(text) if f.name == "pcgtts:requests")
+        out: dict[str, float] = {}
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels["status"]] = out.get(sample.labels["status"], 0) + sample.value
+        return out
+
+    before = requests_by_status()
+    for fmt in ("pcm", "wav"):
+        refused = httpx.post(guarded_server.url + "/v1/audio/speech", timeout=60,
+                             json={"input": "Hello.", "response_format": fmt},
+                             headers={"Authorization": "Bearer sekret"})
+        assert refused.status_code == 429
+    after = requests_by_status()
+    assert after.get("refused", 0) - before.get("refused", 0) == 2
+    assert after.get("error", 0) == before.get("error", 0)
+
+
 def test_model_that_fails_to_load_is_reported(tmp_path):
     """Liveness stays up, readiness and the API say 503 with the reason (no silent failure)."""
     settings = ServerSettings(model=str(tmp_path / "no-such-model"), port=free_port(), data_dir=str(tmp_path))
