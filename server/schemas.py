@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pcgtts.server.audio.formats import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -14,6 +14,12 @@ MIN_TEMPERATURE = 0.01  # between 0 (greedy) and this: refused, not rounded
 MAX_TEMPERATURE = 2.0
 # The one statement of the temperature rule: errors, the schema's description and the README say it alike.
 TEMPERATURE_RULE = f"0 (greedy) or a finite number between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g}"
+
+
+def integral(value: Any) -> Any:
+    """An integer as JSON Schema (and so /openapi.json) means it: a JSON number whose fraction is zero, so
+    3.0 is taken as 3; true/false and "3" still fail the strict int check that follows."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 class VoiceId(BaseModel):
@@ -59,6 +65,9 @@ class SamplingFields(BaseModel):
         None, description="Inline speaker prompt: reference audio as base64 or a `data:audio/...;base64,` "
                           "URL (WAV/FLAC/MP3/OGG). Overrides `voice`.")
     ref_text: str | None = Field(None, max_length=2000, description="Transcript of `ref_audio`.")
+
+    _integral = field_validator("top_k", "seed", "max_tokens", "num_speculative_tokens",
+                                mode="before")(integral)
 
     @field_validator("temperature")
     @classmethod

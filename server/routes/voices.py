@@ -60,7 +60,8 @@ async def list_voices(request: Request) -> VoiceList:
              summary="Upload a voice")
 async def create_voice(
     request: Request,
-    name: str = Form(..., description="Unique name, used as `voice` in speech requests."),
+    name: str = Form(..., min_length=1, description="Unique name, used as `voice` in speech requests: "
+                                                   "1-64 letters, digits, spaces, '_', '.', \"'\" or '-'."),
     audio_sample: UploadFile = File(..., description="Reference clip: WAV, FLAC, MP3 or OGG, 1-30 s."),
     transcript: str | None = Form(None, description="What the clip says (needed to clone the voice)."),
     ref_text: str | None = Form(None, description="Alias of `transcript` (vLLM-Omni)."),
@@ -77,7 +78,7 @@ async def create_voice(
     if any(name_key(name) == name_key(preset) for preset in service.preset_voices()):
         raise APIError(409, f"{name!r} is a preset voice name (names ignore case).", param="name",
                        code="voice_exists")
-    text = (transcript or ref_text or "").strip()
+    text = next((t.strip() for t in (transcript, ref_text) if t and t.strip()), "")
     if not text:
         raise bad_request("transcript (what the clip says) is required.", param="transcript",
                           code="missing_required_parameter")

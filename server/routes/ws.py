@@ -15,7 +15,7 @@ from pcgtts.server.audio.formats import OUTPUT_SAMPLE_RATE
 from pcgtts.server.audio.pipeline import OutputPipeline
 from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, until_cut
 from pcgtts.server.errors import APIError, validation_error
-from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId
+from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId, integral
 from pcgtts.server.security import chosen_subprotocol, origin_allowed, websocket_authorized
 from pcgtts.server.state import AppState, get_ws_state
 from pcgtts.server.streaming import (
@@ -42,7 +42,7 @@ from pcgtts.server.ws_protocol import (
     event_json,
     protocol_markdown,
 )
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from starlette.websockets import WebSocketDisconnect
 
 router = APIRouter()
@@ -67,6 +67,7 @@ class SessionConfig(SamplingFields):
     response_format: Literal["pcm"] = "pcm"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
+    _whole_rate = field_validator("sample_rate", mode="before")(integral)
     instructions: str | None = None
 
 
