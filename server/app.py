@@ -9,11 +9,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from pcgtts.server.drain import Drain
+from pcgtts.server.drain import Drain, quiet_expected_cuts
 from pcgtts.server.errors import APIError, install_error_handlers
 from pcgtts.server.limits import publish_limits, request_limits
 from pcgtts.server.routes import playground, speech, system, voices, ws
-from pcgtts.server.security import http_authorized, install_log_redaction
+from pcgtts.server.security import http_authorized, protect_key_in_logs
 from pcgtts.server.settings import ServerSettings
 from pcgtts.server.state import AppState
 from pcgtts.tts import TTSService
@@ -120,9 +120,11 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
     settings = settings or ServerSettings()
     state = AppState(settings, service)
 
+    protect_key_in_logs(settings.api_key)  # every logger's records, from here on
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        install_log_redaction()  # after uvicorn has configured its loggers
+        quiet_expected_cuts()  # after uvicorn has configured its loggers
         state.start_loading()
         try:
             yield

@@ -41,11 +41,27 @@ def serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, ws=websocket_protocol())
     ready = ReadyLine(settings.host)
     app.state.pcgtts.when_loaded(ready.model_loaded)
     draining_server(config, app.state.pcgtts.drain, on_listening=ready.listening).run()
     return 0
+
+
+def websocket_protocol():
+    """uvicorn's default WebSocket protocol (websockets' sans-I/O one), less a defect: after the app refuses
+    a handshake with an HTTP response (our 401, 403, 503), it never marks the handshake done, so every
+    refusal also logged "ERROR: ASGI callable returned without completing handshake" (Kludex/uvicorn#3138;
+    its wsproto protocol marks it). Marked here once the refusal's last byte is written."""
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    class RefusalCompletesHandshake(WebSocketsSansIOProtocol):
+        async def send(self, message) -> None:
+            await super().send(message)
+            if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+                self.handshake_complete = True
+
+    return RefusalCompletesHandshake
 
 
 def browser_url(host: str, port: int) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pcgtts.server.drain import StreamCut
 from pcgtts.tts import EncoderUnavailable
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -189,6 +190,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
+        if not isinstance(exc, StreamCut):  # a cut on purpose is logged where it is made
+            log.exception("unhandled error")
         return JSONResponse(error_body(f"Internal server error: {type(exc).__name__}", "server_error", None,
                                        "internal_error"), status_code=500)

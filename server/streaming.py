@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import numpy as np
-from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown
+from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, StreamCut
 from pcgtts.server.errors import APIError, bad_request
 from pcgtts.server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
 from pcgtts.server.schemas import SamplingFields
@@ -209,6 +209,10 @@ class AbortingStreamingResponse(StreamingResponse):
                 tg.start_soon(stream)
                 await _disconnected(receive)
                 tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if group.split(StreamCut)[1] is None:  # a cut on purpose, nothing else: the bare StreamCut
+                raise StreamCut() from None
+            raise
         finally:
             # However the stream ended, run the body's cleanup now (it aborts the synthesis).
             aclose = getattr(self.body_iterator, "aclose", None)

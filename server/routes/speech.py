@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
+import uuid
 from contextlib import aclosing
 
 import numpy as np
@@ -11,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pcgtts.server.audio.formats import CONTENT_TYPES, LENGTH_IN_HEADER, content_type
 from pcgtts.server.audio.pipeline import OutputPipeline, encode_whole
-from pcgtts.server.drain import Drain, until_cut
+from pcgtts.server.drain import Drain, ServerShuttingDown, StreamCut, until_cut
 from pcgtts.server.errors import APIError
 from pcgtts.server.schemas import ErrorResponse, SpeechRequest, VoiceId
 from pcgtts.server.state import get_state
@@ -31,6 +33,7 @@ from pcgtts.server.streaming import (
 )
 
 router = APIRouter(tags=["speech"])
+log = logging.getLogger("pcgtts.server")
 
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 422, 429, 500, 503)}
 _AUDIO_CONTENT = {"content": {
@@ -66,6 +69,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     complete files (lengths in their headers, Content-Length) unless `stream: true` or the openai SDK's
     `with_streaming_response` asks for a stream; `stream: false` returns any format whole."""
     received = time.perf_counter()
+    request_id = f"req_{uuid.uuid4().hex[:24]}"  # in the x-request-id header, as OpenAI's API sends it
     state = get_state(request)
     service, resolver = state.require_ready()
     voice_arg = {"id": body.voice.id} if isinstance(body.voice, VoiceId) else body.voice
@@ -85,13 +89,18 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
         raise
 
     if not streamed:
-        return await _whole(body, request, synth, first, run, state.drain)
+        whole = await _whole(body, request, synth, first, run, state.drain)
+        whole.headers["x-request-id"] = request_id
+        return whole
     pipeline = OutputPipeline(body.response_format, synth.sample_rate, speed=body.speed)
+    headers = {**_STREAM_HEADERS, "x-request-id": request_id}
     if sse:
         return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run, state.drain),
-                                         media_type="text/event-stream", headers=_STREAM_HEADERS)
-    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run, state.drain),
-                                     media_type=content_type(body.response_format), headers=_STREAM_HEADERS)
+                                         media_type="text/event-stream", headers=headers)
+    client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+    about = f"request {request_id} (POST /v1/audio/speech, {body.response_format}, from {client})"
+    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run, state.drain, about),
+                                     media_type=content_type(body.response_format), headers=headers)
 
 
 async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
@@ -109,15 +118,20 @@ async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun,
         yield tail
 
 
-async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
+async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain, about: str):
     """Raw audio has no in-band channel: a failure ends the chunked body without its last chunk, so the
-    client sees a broken transfer, never a silently short file."""
+    client sees a broken transfer, never a silently short file. A cut at the drain deadline is expected:
+    one INFO line naming the request (`about`), no error."""
     status = "aborted"
     try:
         async with aclosing(_encoded_audio(synth, first, pipeline, run, drain)) as encoded:
             async for data in encoded:
                 yield data
         status = "ok"
+    except ServerShuttingDown:
+        log.info("%s cut at the drain deadline after %.1f s of audio: the client gets an unfinished transfer",
+                 about, pipeline.audio_seconds)
+        raise StreamCut() from None
     except Exception:
         status = "error"
         raise
