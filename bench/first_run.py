@@ -98,9 +98,11 @@ def main() -> int:
         clone = Path(tmp) / "pcgtts"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
         subprocess.run(["git", "checkout", "--quiet", head], cwd=clone, check=True)
+        load_before = os.getloadavg()[0]
         result = first_run(clone, args.timeout)
     result.update(commit=head, command="make serve (fresh clone)", machine=machine(), note=args.note,
-                  date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+                  date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                  load_average_1min={"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)})
     result["venv_gb"] = round(result["venv_bytes"] / 1e9, 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

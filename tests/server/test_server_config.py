@@ -57,8 +57,6 @@ def test_one_line_says_when_the_server_speaks_and_names_the_url_to_open(demo_bun
     """uvicorn's "running on" comes while the model may still load (a POST then gets 503); the ready line
     comes once the model is loaded and the socket listens, with the URL of PCGTTS_PORT: at that moment a
     speech request succeeds."""
-    from pcgtts.server.cli import browser_url
-
     port = free_port()
     env = {**os.environ, "PCGTTS_MODEL": str(demo_bundle), "PCGTTS_PORT": str(port),
            "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "info"}
@@ -86,6 +84,8 @@ def test_one_line_says_when_the_server_speaks_and_names_the_url_to_open(demo_bun
     ready = next(line for line in seen if "ready: open" in line)
     assert f"ready: open {url}/ for the playground, {url}/docs for the API" in ready
     assert any("Uvicorn running on" in line for line in seen[:seen.index(ready)])
+    from pcgtts.server.cli import browser_url  # a wildcard host is opened as this machine
+
     assert browser_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/"
     assert browser_url("::", 9000) == "http://[::1]:9000/" and browser_url("fe80::1", 80) == "http://[fe80::1]:80/"
 
