@@ -10,12 +10,10 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from server_support import free_port
+from server_support import free_port, wait_ready
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 BUDGET_S = 90  # fuzzing time; with start-up the test takes ~2 minutes on 2 cores
@@ -45,15 +43,7 @@ def test_schemathesis_finds_no_server_error_and_no_contract_violation(demo_bundl
     server = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve"], env=env,
                               stdout=subprocess.DEVNULL, stderr=log.open("w"))
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_ready(url, server, log)
         schemathesis = Path(sys.executable).with_name("schemathesis")
         (tmp_path / "schemathesis.toml").write_text(CONFIG)  # read from the working directory
         hooks = {"SCHEMATHESIS_HOOKS": HOOKS.stem,  # imports server_support, one folder up

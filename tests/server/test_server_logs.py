@@ -14,7 +14,7 @@ from urllib.parse import quote, quote_plus
 
 import httpx
 import pytest
-from server_support import free_port
+from server_support import free_port, wait_ready
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -41,15 +41,7 @@ def debug_server(demo_bundle, tmp_path_factory):
                                 "--log-level", "debug", "--api-key", KEY], env=env,
                                stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
+    wait_ready(url, process, log)
     yield url, log
     process.terminate()
     process.wait(timeout=60)
