@@ -23,9 +23,9 @@ from pcgtts.tts.errors import (
     ServiceUnavailable,
     SynthesisFailed,
 )
-from pcgtts.tts.service import EngineStats, TTSConfig, TTSService
+from pcgtts.tts.service import TTSConfig, TTSService
 from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
 
-__all__ = ["CodecStats", "EncoderUnavailable", "EngineStats", "InputTooLong", "InvalidOptions",
-           "NothingToSay", "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis",
-           "SynthesisFailed", "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "VoicePrompt"]
+__all__ = ["CodecStats", "EncoderUnavailable", "InputTooLong", "InvalidOptions", "NothingToSay",
+           "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisFailed",
+           "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "VoicePrompt"]

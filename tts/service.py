@@ -36,7 +36,7 @@ from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from pcgtts.tts.decode_pool import CodecStats, DecodePool
 from pcgtts.tts.errors import InvalidOptions, NothingToSay
-from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions
+from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisContext, SynthesisOptions
 from pcgtts.tts.text import split_sentences
 
 
@@ -71,11 +71,6 @@ class TTSConfig:
     initial_codec_chunk_frames: int | None = None
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
-
-
-# The engine's own snapshot (gauges and cumulative counters), re-exported so the server imports only the
-# tts package; `engine_stats()` returns it as published after the engine thread's latest step.
-EngineStats = EngineMetrics
 
 
 # --------------------------------------------------------------------------------------------- service
@@ -171,8 +166,6 @@ class TTSService:
     def _pin_presets(self) -> None:
         """Keep each preset voice's prompt prefix (its reference codes) in the engine's prefix cache for
         good."""
-        if not hasattr(self.engine, "pin_prefix"):
-            return
         for voice in self._presets.values():
             if prefix := self._voice_prefix(voice):
                 self.engine.pin_prefix(prefix)
@@ -181,7 +174,7 @@ class TTSService:
         """Called per request with a voice that is not a preset (an uploaded one): pin its prompt prefix
         too, least recently used first out when the engine's pin budget is full, so a popular uploaded
         voice stays cached like a preset."""
-        if not hasattr(self.engine, "pin_prefix") or any(voice is p for p in self._presets.values()):
+        if any(voice is p for p in self._presets.values()):
             return
         key = hashlib.blake2b(np.ascontiguousarray(voice.codes).tobytes() + voice.transcript.encode(),
                               digest_size=16).digest()
@@ -329,15 +322,26 @@ class TTSService:
         segments = self.segments(text)
         if not segments:
             raise NothingToSay("the input holds nothing this model can speak")
-        return Synthesis(self, segments, voice, replace(options))
+        return Synthesis(self._synthesis_context(), segments, voice, replace(options))
+
+    def _synthesis_context(self) -> SynthesisContext:
+        """What a synthesis uses of this service (read when it starts: the current decode pool)."""
+        return SynthesisContext(
+            sample_rate=self.sample_rate, frame_rate=self.codec.frame_rate,
+            sentence_pause_s=self.config.sentence_pause_s, build_prompt=self.family.build_prompt,
+            tokens_to_codes=self.family.tokens_to_codes, sampling_params=self.sampling_params,
+            streaming_decoder=self.codec.streaming_decoder, decode=self.decoder.push,
+            stream=self.engine.stream, set_deadline=self.engine.set_deadline,
+            encode_voice=self.encode_voice, pin_voice=self.pin_voice)
 
     # -- monitoring and shutdown
     @property
     def fault(self) -> str | None:
         """Why the engine failed every request and takes no more (device lost, out of memory), if it did."""
-        return getattr(self.engine, "fault", None)
+        return self.engine.fault
 
-    def engine_stats(self) -> EngineStats:
+    def engine_stats(self) -> EngineMetrics:
+        """The engine's snapshot (gauges and cumulative counters) as published after its latest step."""
         return self.engine.metrics()
 
     def codec_stats(self) -> CodecStats:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,7 +23,8 @@ from pcgtts.tts.errors import (
 )
 
 if TYPE_CHECKING:
-    from pcgtts.tts.service import TTSService
+    from pcgtts.engine.async_engine import TokenDelta
+    from pcgtts.engine.config import SamplingParams
 
 log = logging.getLogger("pcgtts.tts")
 
@@ -95,6 +96,28 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
     return audio
 
 
+@dataclass(frozen=True)
+class SynthesisContext:
+    """Everything a synthesis uses of the TTS service, and nothing more (`TTSService.synthesize` builds
+    it): the family's prompt and token mapping, the codec's decoder and the codec threads, the engine's
+    stream, the request's sampling parameters and the voice handling."""
+
+    sample_rate: int  # Hz of the codec's audio, so of every chunk
+    frame_rate: int  # codec codes per second
+    sentence_pause_s: float  # silence between segments
+    build_prompt: Callable[[str, VoicePrompt | None], SpeechPrompt]  # ValueError: nothing speakable
+    tokens_to_codes: Callable[[Sequence[int]], np.ndarray]
+    sampling_params: Callable[[SynthesisOptions, SpeechPrompt, int], SamplingParams]  # (.., segment index)
+    streaming_decoder: Callable[[], StreamingDecoder]
+    # (decoder, codes or None to flush, playback deadline) -> (final audio so far, codec seconds charged)
+    decode: Callable[[StreamingDecoder, np.ndarray | None, float], Awaitable[tuple[np.ndarray, float]]]
+    # (prompt ids, params, request id, continuing=) -> the engine's token deltas; closing it aborts
+    stream: Callable[..., AsyncIterator[TokenDelta]]
+    set_deadline: Callable[[str, float | None], None]  # (request id, when its listener runs dry)
+    encode_voice: Callable[[np.ndarray, int, str], VoicePrompt]  # blocking: clip, rate, transcript
+    pin_voice: Callable[[VoicePrompt], None]  # blocking: keep a non-preset voice's prefix cached
+
+
 @dataclass
 class ReferenceClip:
     """A voice to clone given as audio (e.g. a request's inline reference): the synthesis encodes it to
@@ -108,14 +131,14 @@ class ReferenceClip:
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
-    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | ReferenceClip | None,
-                 options: SynthesisOptions):
-        self._service = service
+    def __init__(self, context: SynthesisContext, segments: list[str],
+                 voice: VoicePrompt | ReferenceClip | None, options: SynthesisOptions):
+        self._ctx = context
         self._segments = segments
         self._voice = voice
         self._options = options
-        self.sample_rate = service.sample_rate  # Hz of every chunk
-        self.stats = SynthesisStats(sample_rate=service.sample_rate)
+        self.sample_rate = context.sample_rate  # Hz of every chunk
+        self.stats = SynthesisStats(sample_rate=context.sample_rate)
         self._admitted = False  # admission is decided once, at the first sentence; later ones continue
         self._gen = self._generate()
 
@@ -139,21 +162,20 @@ class Synthesis:
     async def _prompt(self, index: int) -> SpeechPrompt | None:
         """The segment's prompt, built off the event loop (the text front end takes milliseconds)."""
         try:
-            build = self._service.family.build_prompt
-            return await asyncio.to_thread(build, self._segments[index], self._voice)
+            return await asyncio.to_thread(self._ctx.build_prompt, self._segments[index], self._voice)
         except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
             log.info("skipping unspeakable segment %r", self._segments[index])
             return None
 
     async def _generate(self) -> AsyncIterator[np.ndarray]:
-        svc = self._service
+        ctx = self._ctx
         if isinstance(clip := self._voice, ReferenceClip):  # a one-off clip: cached, not pinned
-            self._voice = await asyncio.to_thread(svc.encode_voice, clip.audio, clip.sample_rate,
+            self._voice = await asyncio.to_thread(ctx.encode_voice, clip.audio, clip.sample_rate,
                                                   clip.transcript)
         elif self._voice is not None:
-            await asyncio.to_thread(svc.pin_voice, self._voice)
-        pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
-        fade = int(0.005 * svc.sample_rate)
+            await asyncio.to_thread(ctx.pin_voice, self._voice)
+        pause = np.zeros(int(ctx.sentence_pause_s * ctx.sample_rate), np.float32)
+        fade = int(0.005 * ctx.sample_rate)
         spoken = 0
         for index in range(len(self._segments)):
             prompt = await self._prompt(index)
@@ -185,23 +207,23 @@ class Synthesis:
     async def _decode(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> np.ndarray:
         """Codes -> final audio on the service's codec threads (codes None flushes the decoder)."""
         try:
-            audio, took = await self._service.decoder.push(decoder, codes, self.stats.playback_deadline())
+            audio, took = await self._ctx.decode(decoder, codes, self.stats.playback_deadline())
         except Exception as exc:  # this stream's own (the pool isolates streams); the others go on
             raise SynthesisFailed(f"decoding its audio failed: {type(exc).__name__}: {exc}") from exc
         self.stats.decode_s += took
         return audio
 
     async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
-        svc, opts, st = self._service, self._options, self.stats
-        params = svc.sampling_params(opts, prompt, index)
+        ctx, opts, st = self._ctx, self._options, self.stats
+        params = ctx.sampling_params(opts, prompt, index)
         st.prompt_tokens += len(prompt.token_ids)
-        decoder = svc.codec.streaming_decoder()
+        decoder = ctx.streaming_decoder()
         held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
         finish_reason = None
         request_id = uuid.uuid4().hex
-        coded, voiced, frame_rate = 0, 0, svc.codec.frame_rate  # this sentence's codes and audio samples
+        coded, voiced, frame_rate = 0, 0, ctx.frame_rate  # this sentence's codes and audio samples
         with _engine_errors():
-            stream = svc.engine.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
+            stream = ctx.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
             try:
                 async for delta in stream:
                     self._admitted = True
@@ -211,7 +233,7 @@ class Synthesis:
                     st.steps += bool(delta.token_ids)  # one delta per engine step
                     st.drafted_tokens += delta.num_drafted
                     st.accepted_tokens += delta.num_accepted
-                    codes = svc.family.tokens_to_codes(delta.token_ids)
+                    codes = ctx.tokens_to_codes(delta.token_ids)
                     if codes.size:
                         held.append(codes)
                         coded += codes.size
@@ -229,7 +251,7 @@ class Synthesis:
                             # plus codes generated that the codec has not turned into audio yet
                             # (audio-deadline scheduling)
                             undecoded_s = max(0.0, coded / frame_rate - voiced / self.sample_rate)
-                            svc.engine.set_deadline(request_id, st.playback_deadline() + undecoded_s)
+                            ctx.set_deadline(request_id, st.playback_deadline() + undecoded_s)
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
         if held:
