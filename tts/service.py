@@ -36,8 +36,9 @@ from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from pcgtts.tts.decode_pool import CodecStats, DecodePool
 from pcgtts.tts.errors import InvalidOptions, NothingToSay
+from pcgtts.tts.feed import TextFeed
 from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisContext, SynthesisOptions
-from pcgtts.tts.text import split_sentences
+from pcgtts.tts.text import sentences_of, split_long, split_sentences
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -304,22 +305,38 @@ class TTSService:
             num_speculative_tokens=None if gamma in (None, self.engine_gamma) else gamma,
         )
 
-    def segments(self, text: str) -> list[str]:
-        """Input text -> the pieces synthesised one after another (the family's splitter if it has one)."""
-        pieces = self.family.split_text(text)
-        if pieces is None:
-            pieces = split_sentences(text, self.config.sentence_max_chars)
+    def sentence_segments(self, sentence: str) -> list[str]:
+        """One sentence -> the pieces synthesised one after another (the family's splitter if it has one,
+        else only sentences over `sentence_max_chars` are cut)."""
+        own = self.family.split_sentence(sentence)
+        pieces = own if own is not None else split_long(sentence, self.config.sentence_max_chars)
         return [p for p in pieces if p.strip()]
 
-    def synthesize(self, text: str, voice: VoicePrompt | ReferenceClip | None,
+    def segments(self, text: str) -> list[str]:
+        """Input text -> the pieces synthesised one after another: its sentences (`tts/text.py`), each cut
+        by `sentence_segments`; for a family without a splitter of its own, short sentences are also
+        merged ("Hi. Yes." is one piece)."""
+        sentences = sentences_of(text)
+        if sentences and self.family.split_sentence(sentences[0]) is None:
+            return split_sentences(text, self.config.sentence_max_chars)
+        return [p for sentence in sentences for p in self.sentence_segments(sentence)]
+
+    def text_feed(self, max_pending_chars: int | None = None, max_pending_s: float | None = None) -> TextFeed:
+        """For text that is still arriving: push it into the feed and `synthesize` the feed, which speaks
+        each sentence once it is complete (the bounds speak a long clause before its end; None: no
+        bound). Call on the event loop that iterates the synthesis."""
+        return TextFeed(self.sentence_segments, max_pending_chars, max_pending_s)
+
+    def synthesize(self, text: str | TextFeed, voice: VoicePrompt | ReferenceClip | None,
                    options: SynthesisOptions | None = None) -> Synthesis:
         """The one call per request: text in the voice (None = the model's default; a ReferenceClip is
         encoded when the synthesis starts) -> a Synthesis streaming audio at `Synthesis.sample_rate`.
         Nothing runs until iterated. Raises InvalidOptions, or NothingToSay for text without words, at
-        once; NothingToSay can also come from the first iteration when no segment has speakable sounds."""
+        once; NothingToSay can also come from the first iteration when no segment has speakable sounds
+        (for a TextFeed, only then: its text is not known yet)."""
         options = options or SynthesisOptions()
         self.validate(options)
-        segments = self.segments(text)
+        segments = text if isinstance(text, TextFeed) else self.segments(text)
         if not segments:
             raise NothingToSay("the input holds nothing this model can speak")
         return Synthesis(self._synthesis_context(), segments, voice, replace(options))

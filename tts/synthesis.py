@@ -21,6 +21,7 @@ from pcgtts.tts.errors import (
     ServiceUnavailable,
     SynthesisFailed,
 )
+from pcgtts.tts.feed import TextFeed
 
 if TYPE_CHECKING:
     from pcgtts.engine.async_engine import TokenDelta
@@ -131,8 +132,9 @@ class ReferenceClip:
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
-    def __init__(self, context: SynthesisContext, segments: list[str],
+    def __init__(self, context: SynthesisContext, segments: list[str] | TextFeed,
                  voice: VoicePrompt | ReferenceClip | None, options: SynthesisOptions):
+        """segments: the input's, or a TextFeed whose segments are spoken as they become ready."""
         self._ctx = context
         self._segments = segments
         self._voice = voice
@@ -159,13 +161,21 @@ class Synthesis:
         if self.stats.finish_reason is None:
             self.stats.finish_reason = "abort"
 
-    async def _prompt(self, index: int) -> SpeechPrompt | None:
+    async def _prompt(self, segment: str) -> SpeechPrompt | None:
         """The segment's prompt, built off the event loop (the text front end takes milliseconds)."""
         try:
-            return await asyncio.to_thread(self._ctx.build_prompt, self._segments[index], self._voice)
+            return await asyncio.to_thread(self._ctx.build_prompt, segment, self._voice)
         except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
-            log.info("skipping unspeakable segment %r", self._segments[index])
+            log.info("skipping unspeakable segment %r", segment)
             return None
+
+    async def _segment_source(self) -> AsyncIterator[str]:
+        if isinstance(self._segments, list):
+            for segment in self._segments:
+                yield segment
+        else:
+            async for segment in self._segments.segments():
+                yield segment
 
     async def _generate(self) -> AsyncIterator[np.ndarray]:
         ctx = self._ctx
@@ -176,30 +186,35 @@ class Synthesis:
             await asyncio.to_thread(ctx.pin_voice, self._voice)
         pause = np.zeros(int(ctx.sentence_pause_s * ctx.sample_rate), np.float32)
         fade = int(0.005 * ctx.sample_rate)
-        spoken = 0
-        for index in range(len(self._segments)):
-            prompt = await self._prompt(index)
-            if prompt is None:
-                continue
-            if spoken and pause.size:
-                yield pause
-            # Only the sentence's latest `fade` samples are held back (to fade its end once it is known):
-            # holding back a whole chunk delayed the first audio until the codec's second block.
-            tail, started = np.zeros(0, np.float32), False
-            async with aclosing(self._sentence(index, prompt)) as chunks:
-                async for chunk in chunks:
-                    if spoken and not started:
-                        chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
-                    started = True
-                    joined = np.concatenate([tail, chunk])
-                    cut = max(0, joined.size - fade)
-                    if cut:
-                        yield joined[:cut]
-                    tail = joined[cut:]
-            if tail.size:
-                yield _fade_edges(tail, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
-            spoken += 1
-            self.stats.sentences += 1
+        spoken, index = 0, 0
+        async with aclosing(self._segment_source()) as source:
+            segment = await anext(source, None)
+            while segment is not None:
+                prompt = await self._prompt(segment)
+                if prompt is None:
+                    segment, index = await anext(source, None), index + 1
+                    continue
+                if spoken and pause.size:
+                    yield pause
+                # Only the sentence's latest `fade` samples are held back (to fade its end once it is
+                # known): holding back a whole chunk delayed the first audio until the codec's second block.
+                tail, started = np.zeros(0, np.float32), False
+                async with aclosing(self._sentence(index, prompt)) as chunks:
+                    async for chunk in chunks:
+                        if spoken and not started:
+                            chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
+                        started = True
+                        joined = np.concatenate([tail, chunk])
+                        cut = max(0, joined.size - fade)
+                        if cut:
+                            yield joined[:cut]
+                        tail = joined[cut:]
+                # the end fades out when another segment follows (a feed's may still be being written)
+                segment, index = await anext(source, None), index + 1
+                if tail.size:
+                    yield _fade_edges(tail, fade, fade_in=False, fade_out=segment is not None)
+                spoken += 1
+                self.stats.sentences += 1
         if not spoken:
             raise NothingToSay("the input holds nothing this model can speak")
         self.stats.finished_s = time.perf_counter() - self.stats.started_at

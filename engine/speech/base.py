@@ -88,7 +88,8 @@ class SpeechFamily(ABC):
         reference clips from the bundle's voices directory)."""
         return {}
 
-    def split_text(self, text: str) -> list[str] | None:
-        """Long input -> the pieces to synthesise one after another; None: the service splits at
-        sentences."""
+    def split_sentence(self, sentence: str) -> list[str] | None:
+        """One sentence (the service finds them, `tts/text.py`) -> the pieces to synthesise one after
+        another, e.g. clauses of the length the model was trained on; None: the service cuts only
+        sentences longer than its `sentence_max_chars`."""
         return None

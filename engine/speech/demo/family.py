@@ -96,18 +96,20 @@ class DemoPhonemeFamily(SpeechFamily):
         return {name: self.voices[name] for name in names}
 
     @staticmethod
-    def split_text(text: str) -> list[str]:
-        """Long input -> clause-sized chunks to synthesise one after another (sentence, then comma cuts)."""
+    def split_sentence(sentence: str) -> list[str]:
+        """One sentence -> clause-sized chunks to synthesise one after another: at most
+        MAX_WORDS_PER_CHUNK words, cut after a comma once the chunk has 6 words, and after a semicolon or
+        colon. Chunks without a letter or digit are dropped."""
         chunks: list[str] = []
-        for sentence in re.split(r"(?<=[.?!;:])\s+", " ".join(text.split())):
-            words: list[str] = []
-            for word in sentence.split():
-                words.append(word)
-                if len(words) >= MAX_WORDS_PER_CHUNK or (word.endswith(",") and len(words) >= 6):
-                    chunks.append(" ".join(words))
-                    words = []
-            if words:
+        words: list[str] = []
+        for word in sentence.split():
+            words.append(word)
+            if (len(words) >= MAX_WORDS_PER_CHUNK or word.endswith((";", ":"))
+                    or (word.endswith(",") and len(words) >= 6)):
                 chunks.append(" ".join(words))
+                words = []
+        if words:
+            chunks.append(" ".join(words))
         return [c for c in chunks if re.search(r"[A-Za-z0-9]", c)]
 
 
