@@ -22,7 +22,7 @@ class Message(BaseModel):
 
 # ----------------------------------------------------------------------------------- client -> server
 class InputText(Message):
-    """Appends text to the pending utterance."""
+    """Appends text to the pending utterance; in sentence mode each sentence it completes is spoken now."""
 
     type: Literal["input.text"] = "input.text"
     text: str
@@ -33,17 +33,21 @@ class InputDone(Message):
 
 
 InputDone.__doc__ = (f"Speaks the pending text (queued behind a running utterance; at most {MAX_QUEUED} "
-                     "waiting per connection, more get an error).")
+                     "waiting per connection, more get an error); in sentence mode, the rest of the "
+                     "utterance's text (it was queued at its first words).")
 
 
 class InputCancel(Message):
-    """Aborts the running utterance (it ends with a `cancelled` audio.done) and drops queued ones."""
+    """Barge-in: aborts the running utterance at once (it ends with a `cancelled` audio.done; the engine
+    stops its work within one step) and drops queued ones, in sentence mode also the text still arriving
+    and its sentences not yet spoken."""
 
     type: Literal["input.cancel"] = "input.cancel"
 
 
 class SessionClose(Message):
-    """Finishes the queued utterances, then answers `session.done` and closes the socket."""
+    """Finishes the queued utterances (in sentence mode the text that has arrived is spoken to its end), then
+    answers `session.done` and closes the socket."""
 
     type: Literal["session.close"] = "session.close"
 
@@ -191,6 +195,7 @@ def protocol_markdown(session_config: type[BaseModel], handshake: str) -> str:
         "Client -> server, JSON text messages:",
         f'* `{{"type": "session.config", ...}}`: {" ".join((session_config.__doc__ or "").split())} '
         f"Fields: {config_fields}.",
+        *_field_notes(session_config),
     ]
     lines += [_message_line(m) for m in CLIENT_MESSAGES]
     lines += ["", "Server -> client, JSON text messages and binary audio frames:"]

@@ -108,6 +108,13 @@ class TextFeed:
             self._timer.cancel()
             self._timer = None
 
+    async def started(self) -> bool:
+        """Waits until the first segment is ready or the feed is closed; whether there is a segment."""
+        while not self.segments_made and not self._closed:
+            self._wake.clear()
+            await self._wake.wait()
+        return self.segments_made > 0
+
     async def segments(self) -> AsyncIterator[str]:
         """Each segment once it is ready, in order, until the feed is closed and spoken."""
         while True:

@@ -22,6 +22,7 @@ from pcgtts.server.streaming import (
     SpeechRun,
     close_quietly,
     open_synthesis,
+    service_error,
     stream_error,
     synthesis_options,
     usage_of,
@@ -40,6 +41,7 @@ from pcgtts.server.ws_protocol import (
     event_json,
     protocol_markdown,
 )
+from pcgtts.tts import NothingToSay, TextFeed
 from pydantic import ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect
 
@@ -55,8 +57,9 @@ _DRAIN = object()  # queue marker: the server is draining; close after what is q
 
 
 class SessionConfig(SamplingFields):
-    """Applies to utterances started after it: the speech request's fields, with `sample_rate` (8000-48000,
-    default 24000) for the binary frames."""
+    """Applies to utterances started after it (an utterance starts at its input.done, or in sentence mode at
+    its first input.text): the speech request's fields, with `sample_rate` (8000-48000, default 24000) for
+    the binary frames, and how text is flushed."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["session.config"] = "session.config"
@@ -66,6 +69,21 @@ class SessionConfig(SamplingFields):
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
     instructions: str | None = None
+    flush: Literal["manual", "sentence"] = Field(
+        "manual", description='"manual": input.done speaks the pending text; "sentence": each sentence is '
+                              "spoken as soon as it is complete (the next word has begun), while the text "
+                              "still arrives, all of them one utterance (one audio.start ... audio.done, "
+                              "the audio continuing across sentences); input.done speaks the rest. "
+                              "Sentences end where the HTTP route's splitter ends them (not at "
+                              'abbreviations, initials or decimal points)')
+    flush_max_chars: int | None = Field(
+        200, ge=1, le=MAX_INPUT_CHARS, strict=True,
+        description="sentence mode: pending text longer than this is spoken without waiting for its "
+                    "sentence's end, up to its last comma or complete word; null: no bound")
+    flush_max_ms: int | None = Field(
+        None, ge=1, le=60_000, strict=True,
+        description="sentence mode: text pending this long (from its oldest character) is spoken the same "
+                    "way; null (default): no bound")
 
 
 PROTOCOL = protocol_markdown(SessionConfig, HANDSHAKE)  # /docs shows it; the README holds the same text
@@ -76,8 +94,9 @@ class Session:
         self.ws = ws
         self.state = state
         self.config = SessionConfig()
-        self.pending: list[str] = []
-        self.queue: asyncio.Queue[tuple[int, str, SessionConfig] | None] = asyncio.Queue()
+        self.pending: list[str] = []  # manual mode: the text of the next utterance
+        self.feed: TextFeed | None = None  # sentence mode: the utterance whose text is still arriving
+        self.queue: asyncio.Queue[tuple[int, str | TextFeed, SessionConfig] | None] = asyncio.Queue()
         self.current: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
         self._next_id = 1
@@ -119,6 +138,8 @@ class Session:
             return
         finally:
             unregister()
+            if self.feed is not None:
+                self.feed.cancel()
             # Disconnect: abort the running utterance now (frees its KV), then stop the worker.
             if self.current is not None:
                 self.current.cancel()
@@ -143,35 +164,78 @@ class Session:
             piece = message.get("text")
             if not isinstance(piece, str):
                 await self.send_error(APIError(400, "input.text needs a string 'text'.", param="text"))
+            elif self.feed is not None or (not self.pending and self.config.flush == "sentence"):
+                await self._feed_text(piece)
             elif sum(map(len, self.pending)) + len(piece) > MAX_INPUT_CHARS:
-                limit = f"An utterance holds at most {MAX_INPUT_CHARS} characters."
-                await self.send_error(APIError(400, limit,
-                                               param="text", code="string_above_max_length"))
+                await self.send_error(_too_long())
             else:
                 self.pending.append(piece)
         elif kind == "input.done":
+            if self.feed is not None:
+                self.feed.close()  # the rest is spoken; an utterance never queued had only whitespace
+                self.feed = None
+                return False
             text, self.pending = "".join(self.pending), []
-            if text.strip() and self.state.drain.draining:
-                await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
-                                               code="server_shutting_down"))
-            elif text.strip() and self.queue.qsize() >= MAX_QUEUED:
-                limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
-                await self.send_error(APIError(429, limit, code="too_many_utterances"))
-            elif text.strip():
+            if text.strip() and not await self._refused():
                 await self.queue.put((self._next_id, text, self.config))
                 self._next_id += 1
         elif kind == "input.cancel":
             while not self.queue.empty():
-                self.queue.get_nowait()
+                if isinstance(item := self.queue.get_nowait(), tuple) and isinstance(item[1], TextFeed):
+                    item[1].cancel()
+            if self.feed is not None:  # its sentences not yet spoken go too
+                self.feed.cancel()
+                self.feed = None
             if self.current is not None:
                 self.current.cancel()
         elif kind == "session.close":
+            if self.feed is not None:  # the text that arrived is spoken to its end
+                self.feed.close()
+                self.feed = None
             return True
         else:
             await self.send_error(APIError(400, "Unknown message type; expected session.config, input.text, "
                                                 "input.done, input.cancel or session.close.",
                                            param="type", code="invalid_message"))
         return False
+
+    async def _refused(self) -> bool:
+        """Whether a new utterance must be refused (the server drains, or too many wait): says why."""
+        if self.state.drain.draining:
+            await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
+                                           code="server_shutting_down"))
+            return True
+        if self.queue.qsize() >= MAX_QUEUED:
+            limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
+            await self.send_error(APIError(429, limit, code="too_many_utterances"))
+            return True
+        return False
+
+    async def _feed_text(self, piece: str) -> None:
+        """Sentence mode: text for the utterance still arriving. Its first words queue it (with the
+        session's settings now); each sentence is spoken once complete."""
+        if self.feed is None:
+            try:
+                service, _ = self.state.require_ready()
+            except APIError as err:
+                await self.send_error(err)
+                return
+            config = self.config
+            max_s = None if config.flush_max_ms is None else config.flush_max_ms / 1000
+            self.feed = service.text_feed(config.flush_max_chars, max_s)
+            self._feed_config, self._feed_queued = config, False
+        if self.feed.received_chars + len(piece) > MAX_INPUT_CHARS:
+            await self.send_error(_too_long())
+            return
+        if not self._feed_queued and piece.strip():
+            if await self._refused():
+                self.feed.cancel()
+                self.feed = None
+                return
+            await self.queue.put((self._next_id, self.feed, self._feed_config))
+            self._next_id += 1
+            self._feed_queued = True
+        self.feed.push(piece)
 
     async def _work(self) -> None:
         while (item := await self.queue.get()) is not None:
@@ -199,9 +263,13 @@ class Session:
             await self.send_event(SessionDone(reason=SHUTDOWN_REASON))
             await self.ws.close(code=1001, reason="server shutting down")
 
-    async def _speak(self, uid: int, text: str, config: SessionConfig, done: AudioDone) -> None:
+    async def _speak(self, uid: int, text: str | TextFeed, config: SessionConfig, done: AudioDone) -> None:
         state = self.state
-        received = time.perf_counter()
+        if isinstance(text, TextFeed) and not await text.started():  # closed before a word was speakable
+            await self.send_error(service_error(NothingToSay("the input holds nothing this model can speak")),
+                                  uid)
+            return
+        received = time.perf_counter()  # sentence mode: when its first sentence was complete
         try:
             service, resolver = state.require_ready()
             voice_arg = {"id": config.voice.id} if isinstance(config.voice, VoiceId) else config.voice
@@ -241,6 +309,11 @@ class Session:
         done.finish_reason = {"ok": synth.stats.finish_reason, "error": "error"}.get(status, "abort")
         done.cancelled, done.reason = reason is not None, reason
         await self.send_event(done)
+
+
+def _too_long() -> APIError:
+    return APIError(400, f"An utterance holds at most {MAX_INPUT_CHARS} characters.", param="text",
+                    code="string_above_max_length")
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
