@@ -78,6 +78,11 @@ class SpeechRequest(SamplingFields):
     response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True, description="Playback speed, pitch preserved.")
     stream_format: Literal["audio", "sse"] = "audio"
+    word_timings: bool = Field(
+        False, strict=True,
+        description="With stream_format 'sse': `speech.audio.alignment` events say when each word is heard "
+                    "(`words`: text, start and end sample at `sample_rate`), where the model's family knows "
+                    "its alignment (`pcgtts.word_timings` in GET /v1/models); otherwise none are sent.")
     stream: bool = Field(
         True, strict=True,
         description="Extension: false waits for the whole utterance and sends it with Content-Length.")

@@ -102,6 +102,25 @@ class AudioProgress(Acceptance):
     chunk: ChunkAcceptance
 
 
+class AlignedWord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    start: int
+    end: int
+
+
+class AudioAlignment(Message):
+    """With `word_timings` in the session's config, where the model's family knows its alignment
+    (`pcgtts.word_timings` in GET /v1/models; none otherwise, never a guess): after a binary frame, the words
+    whose start the audio sent so far has reached, each once, in order (the rest after the last frame)."""
+
+    type: Literal["audio.alignment"] = "audio.alignment"
+    utterance_id: int
+    words: list[AlignedWord] = Field(description='`[{"text", "start", "end"}]`: the word as written, its '
+                                                 "first sample and its end (exclusive), counted in the "
+                                                 "utterance's binary frames from its first sample")
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_tokens: int
@@ -145,10 +164,10 @@ class SessionDone(Message):
 
 
 CLIENT_MESSAGES: tuple[type[BaseModel], ...] = (InputText, InputDone, InputCancel, SessionClose)
-SERVER_EVENTS: tuple[type[Message], ...] = (SessionCreated, AudioStart, AudioProgress, AudioDone, ErrorEvent,
-                                            SessionDone)
-_SERVER_EVENT = TypeAdapter(Annotated[SessionCreated | AudioStart | AudioProgress | AudioDone | ErrorEvent
-                                      | SessionDone, Field(discriminator="type")])
+SERVER_EVENTS: tuple[type[Message], ...] = (SessionCreated, AudioStart, AudioProgress, AudioAlignment,
+                                            AudioDone, ErrorEvent, SessionDone)
+_SERVER_EVENT = TypeAdapter(Annotated[SessionCreated | AudioStart | AudioProgress | AudioAlignment | AudioDone
+                                      | ErrorEvent | SessionDone, Field(discriminator="type")])
 
 
 def parse_server_event(payload: dict) -> Message:

@@ -26,8 +26,9 @@ from pcgtts.tts.errors import (
 )
 from pcgtts.tts.feed import TextFeed
 from pcgtts.tts.service import TTSConfig, TTSService
-from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
+from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats, WordTiming
 
 __all__ = ["CodecStats", "EncoderUnavailable", "InputTooLong", "InvalidOptions", "NothingToSay",
            "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisFailed",
-           "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "TextFeed", "VoicePrompt"]
+           "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "TextFeed", "VoicePrompt",
+           "WordTiming"]

@@ -226,6 +226,7 @@ class TTSService:
             "asg_tables": self.asg_table_names,
             "max_tokens": self.config.max_tokens,
             "sampling_defaults": dict(self.bundle.sampling),
+            "word_timings": self.family.aligns_words,  # false: requests asking for them get none
         }
 
     @cached_property

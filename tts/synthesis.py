@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from pcgtts.engine.codec.base import StreamingDecoder
-from pcgtts.engine.speech.base import SpeechPrompt, VoicePrompt
+from pcgtts.engine.speech.base import SpeechPrompt, VoicePrompt, WordSpan
 from pcgtts.tts.errors import (
     InputTooLong,
     NothingToSay,
@@ -44,6 +44,7 @@ class SynthesisOptions:
     num_speculative_tokens: int | None = None
     asg_table: str | None = None
     streaming: bool = True  # False: decode each sentence in one pass (whole responses)
+    word_timings: bool = False  # collect where each word is heard (families that align: Synthesis.words)
 
 
 @dataclass
@@ -98,6 +99,15 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
 
 
 @dataclass(frozen=True)
+class WordTiming:
+    """Where a word of the input is heard, in samples of the synthesis's audio (its `sample_rate`)."""
+
+    text: str
+    start: int
+    end: int  # exclusive
+
+
+@dataclass(frozen=True)
 class SynthesisContext:
     """Everything a synthesis uses of the TTS service, and nothing more (`TTSService.synthesize` builds
     it): the family's prompt and token mapping, the codec's decoder and the codec threads, the engine's
@@ -142,6 +152,8 @@ class Synthesis:
         self.sample_rate = context.sample_rate  # Hz of every chunk
         self.stats = SynthesisStats(sample_rate=context.sample_rate)
         self._admitted = False  # admission is decided once, at the first sentence; later ones continue
+        self.words: list[WordTiming] = []  # with options.word_timings: each word once its span is known
+        self._words_taken = 0
         self._gen = self._generate()
 
     def __aiter__(self) -> Synthesis:
@@ -154,6 +166,13 @@ class Synthesis:
             st.first_audio_s = time.perf_counter() - st.started_at
         st.audio_samples += chunk.size
         return chunk
+
+    def take_words(self) -> list[WordTiming]:
+        """The words whose timing became known since the last call (they lead the audio: their tokens are
+        generated before the codec turns them into sound)."""
+        new = self.words[self._words_taken:]
+        self._words_taken = len(self.words)
+        return new
 
     async def aclose(self) -> None:
         """Stops generation; the engine request is aborted and its KV blocks freed."""
@@ -199,7 +218,8 @@ class Synthesis:
                 # Only the sentence's latest `fade` samples are held back (to fade its end once it is
                 # known): holding back a whole chunk delayed the first audio until the codec's second block.
                 tail, started = np.zeros(0, np.float32), False
-                async with aclosing(self._sentence(index, prompt)) as chunks:
+                offset = self.stats.audio_samples  # the segment's first sample: what went before is out
+                async with aclosing(self._sentence(index, prompt, offset)) as chunks:
                     async for chunk in chunks:
                         if spoken and not started:
                             chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
@@ -228,8 +248,16 @@ class Synthesis:
         self.stats.decode_s += took
         return audio
 
-    async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
+    def _add_words(self, spans: list[WordSpan], offset: int) -> None:
+        """A segment's word spans (codec frames) -> timings in the synthesis's samples."""
+        per_frame = self.sample_rate / self._ctx.frame_rate
+        self.words += [WordTiming(w.text, offset + round(w.start_frame * per_frame),
+                                  offset + round(w.end_frame * per_frame)) for w in spans]
+
+    async def _sentence(self, index: int, prompt: SpeechPrompt, offset: int) -> AsyncIterator[np.ndarray]:
+        """One segment's audio; `offset`: its first sample in the synthesis (for its word timings)."""
         ctx, opts, st = self._ctx, self._options, self.stats
+        aligner = prompt.word_aligner if opts.word_timings else None
         params = ctx.sampling_params(opts, prompt, index)
         st.prompt_tokens += len(prompt.token_ids)
         decoder = ctx.streaming_decoder()
@@ -248,6 +276,8 @@ class Synthesis:
                     st.steps += bool(delta.token_ids)  # one delta per engine step
                     st.drafted_tokens += delta.num_drafted
                     st.accepted_tokens += delta.num_accepted
+                    if aligner is not None:
+                        self._add_words(aligner.push(delta.token_ids), offset)
                     codes = ctx.tokens_to_codes(delta.token_ids)
                     if codes.size:
                         held.append(codes)
@@ -269,6 +299,8 @@ class Synthesis:
                             ctx.set_deadline(request_id, st.playback_deadline() + undecoded_s)
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
+        if aligner is not None:
+            self._add_words(aligner.finish(), offset)
         if held:
             audio = await self._decode(decoder, np.concatenate(held))
             if audio.size:

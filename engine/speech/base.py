@@ -50,11 +50,36 @@ class DecodeConstraint(ABC):
                                                                     strict=True)])
 
 
+@dataclass(frozen=True)
+class WordSpan:
+    """Where one word of a segment's text lies in its generated speech, in codec frames from the segment's
+    first frame."""
+
+    text: str  # the word as written, without the punctuation around it
+    start_frame: int
+    end_frame: int  # exclusive
+
+
+class WordAligner(ABC):
+    """Reads one segment's generated tokens back into word timings, as they arrive. Made by the family with
+    the segment's prompt (`SpeechPrompt.word_aligner`), from what the family knows of its own alignment;
+    families that do not know it make none, and nothing is guessed."""
+
+    @abstractmethod
+    def push(self, token_ids: Sequence[int]) -> list[WordSpan]:
+        """Tokens generated since the last call -> the words whose span they completed, in order."""
+
+    @abstractmethod
+    def finish(self) -> list[WordSpan]:
+        """The segment's speech ended: the words still open."""
+
+
 @dataclass
 class SpeechPrompt:
     token_ids: list[int]
     stop_token_ids: list[int]
     constraint: DecodeConstraint | None = None
+    word_aligner: WordAligner | None = None  # None: the family cannot say where the words lie
 
 
 class SpeechFamily(ABC):
@@ -64,6 +89,8 @@ class SpeechFamily(ABC):
     # True: `from_dir` gets the target checkpoint's directory (the family reads that checkpoint's own
     # tokenizer, as Llasa does); False: the bundle's root.
     tokenizer_in_target: bool = False
+    # True: its prompts carry a WordAligner (the family knows where each word of the text is spoken)
+    aligns_words: bool = False
 
     @classmethod
     @abstractmethod

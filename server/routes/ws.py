@@ -20,6 +20,7 @@ from pcgtts.server.security import chosen_subprotocol, origin_allowed, websocket
 from pcgtts.server.state import AppState, get_ws_state
 from pcgtts.server.streaming import (
     SpeechRun,
+    WordClock,
     close_quietly,
     open_synthesis,
     service_error,
@@ -29,6 +30,7 @@ from pcgtts.server.streaming import (
 )
 from pcgtts.server.ws_protocol import (
     MAX_QUEUED,
+    AudioAlignment,
     AudioDone,
     AudioProgress,
     AudioStart,
@@ -84,6 +86,8 @@ class SessionConfig(SamplingFields):
         None, ge=1, le=60_000, strict=True,
         description="sentence mode: text pending this long (from its oldest character) is spoken the same "
                     "way; null (default): no bound")
+    word_timings: bool = Field(False, strict=True,
+                               description="true: audio.alignment events say when each word is heard")
 
 
 PROTOCOL = protocol_markdown(SessionConfig, HANDSHAKE)  # /docs shows it; the README holds the same text
@@ -257,6 +261,10 @@ class Session:
             if cancelled:
                 await self.send_event(done.model_copy(update={"cancelled": True, "finish_reason": "abort"}))
 
+    async def _send_words(self, uid: int, words: WordClock | None, final: bool = False) -> None:
+        if words is not None and (due := words.due(final)):
+            await self.send_event(AudioAlignment(utterance_id=uid, words=due))
+
     async def _close_for_drain(self) -> None:
         """Everything queued before the drain has been spoken (or cut at its deadline): say so and close."""
         with contextlib.suppress(Exception):
@@ -274,7 +282,8 @@ class Session:
             service, resolver = state.require_ready()
             voice_arg = {"id": config.voice.id} if isinstance(config.voice, VoiceId) else config.voice
             voice, _ = await resolver.resolve(voice_arg, config.ref_audio, config.ref_text)
-            synth = open_synthesis(service, text, voice, synthesis_options(config))
+            options = synthesis_options(config, word_timings=config.word_timings)
+            synth = open_synthesis(service, text, voice, options)
         except APIError as err:
             await self.send_error(err, uid)
             return
@@ -282,6 +291,7 @@ class Session:
         pipeline = OutputPipeline("pcm", synth.sample_rate, speed=config.speed, out_rate=config.sample_rate)
         status, total, reason = "aborted", 0, None
         trace = _Trace()
+        words = WordClock(synth, pipeline) if config.word_timings else None
         await self.send_event(AudioStart(utterance_id=uid, sample_rate=config.sample_rate))
         try:
             async for chunk in until_cut(synth, state.drain):
@@ -292,10 +302,12 @@ class Session:
                     total += len(data)
                     run.sent_audio(pipeline.audio_seconds - before)
                     _update_done(done, synth, total, pipeline, run)
+                    await self._send_words(uid, words)
                     await self.send_event(AudioProgress(**_totals(done), chunk=trace.chunk(synth.stats)))
             if data := pipeline.finish():
                 await self.send_bytes(data)
                 total += len(data)
+            await self._send_words(uid, words, final=True)
             status = "ok"
         except ServerShuttingDown:
             status, reason = "aborted", SHUTDOWN_REASON

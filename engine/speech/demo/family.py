@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from pcgtts.engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from pcgtts.engine.speech.demo.alignment import MarkerAligner
 from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
 from pcgtts.engine.speech.demo.durations import DurationModel
-from pcgtts.engine.speech.demo.espeak import phonemize
+from pcgtts.engine.speech.demo.espeak import phonemize, phonemize_words
 from pcgtts.engine.speech.demo.layout import END, DemoVocab, prompt_tokens
 
 FAMILY_FILE = "family.json"
@@ -31,6 +32,7 @@ MAX_WORDS_PER_CHUNK = 16  # the model was trained on clauses of 4-14 words
 
 class DemoPhonemeFamily(SpeechFamily):
     name = "demo-phoneme"
+    aligns_words = True  # its markers say where each phoneme, so each word, is spoken
 
     def __init__(self, vocab: DemoVocab, voices: dict[str, VoicePrompt] | None = None,
                  default_voice: str | None = None, max_phoneme_frames: dict[str, int] | None = None,
@@ -78,12 +80,16 @@ class DemoPhonemeFamily(SpeechFamily):
         """voice None -> the bundle's default preset voice (or no reference if it has none)."""
         if voice is None and self.default_voice is not None:
             voice = self.voices[self.default_voice]
-        phonemes = self.phoneme_ids(text)
+        mnemonics, word_of, words = phonemize_words(text)
+        known = set(self.vocab.phonemes)
+        kept = [(p, w) for p, w in zip(mnemonics, word_of, strict=True) if p in known]
+        phonemes = self.vocab.phoneme_ids([p for p, _ in kept])
         if not phonemes:
             raise ValueError(f"no speakable phonemes in {text!r}")
         ids = prompt_tokens(self.vocab, None if voice is None else voice.codes, phonemes)
         return SpeechPrompt(token_ids=ids, stop_token_ids=self.stop_token_ids,
-                            constraint=self.constraint(phonemes, voice))
+                            constraint=self.constraint(phonemes, voice),
+                            word_aligner=MarkerAligner(self.vocab, words, [w for _, w in kept]))
 
     def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
         return self.vocab.codes_of(token_ids)
