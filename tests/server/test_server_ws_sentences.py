@@ -4,13 +4,13 @@ each sentence while the rest is still being written; barge-in stops it within on
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 
 import httpx
 import numpy as np
 import pytest
+from pcgtts.bench.voice_agent import llm_pieces
 from server_support import wait_idle, wait_until
 from test_server_ws import collect_until_done, ws_url
 from websockets.sync.client import connect
@@ -18,15 +18,6 @@ from websockets.sync.client import connect
 ANSWER = ("Sure, here is what I found. The quick brown fox jumps over the lazy dog, twice. "
           "Dr. Brown says it costs 2.5 dollars. That is all.")
 
-
-def llm_tokens(text: str, seed: int) -> list[str]:
-    """The text as an LLM streams it: pieces of 1-5 characters."""
-    rng, pieces, i = random.Random(seed), [], 0
-    while i < len(text):
-        n = rng.randint(1, 5)
-        pieces.append(text[i:i + n])
-        i += n
-    return pieces
 
 
 def send_text(ws, pieces, pace_s: float = 0.0) -> None:
@@ -73,9 +64,9 @@ def test_sentences_are_spoken_while_the_answer_arrives_as_one_utterance(live_ser
     with connect(ws_url(live_server)) as ws:
         ws.recv(timeout=10)
         ws.send(json.dumps({"type": "session.config", "flush": "sentence", "seed": 11, "voice": "alloy"}))
-        send_text(ws, llm_tokens(ANSWER[:first_end], seed=1))
+        send_text(ws, llm_pieces(ANSWER[:first_end], seed=1))
         before = first_audio(ws)  # nothing more is sent until audio arrives
-        send_text(ws, llm_tokens(ANSWER[first_end:], seed=2), pace_s=1 / 30)
+        send_text(ws, llm_pieces(ANSWER[first_end:], seed=2), pace_s=1 / 30)
         ws.send(json.dumps({"type": "input.done"}))
         messages = before + collect_until_done(ws)
     events = [m for m in messages if isinstance(m, dict)]
@@ -121,7 +112,7 @@ def test_a_long_clause_is_spoken_before_its_full_stop(live_server, config, claus
     with connect(ws_url(live_server)) as ws:
         ws.recv(timeout=10)
         ws.send(json.dumps({"type": "session.config", "flush": "sentence", "seed": 2, **config}))
-        send_text(ws, llm_tokens(clause, seed=3))
+        send_text(ws, llm_pieces(clause, seed=3))
         assert isinstance(first_audio(ws)[-1], bytes)  # no full stop, no input.done: the bound spoke
         send_text(ws, ["and its end."])
         ws.send(json.dumps({"type": "input.done"}))

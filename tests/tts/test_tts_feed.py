@@ -4,24 +4,15 @@ ends, and the audio is the whole text's."""
 from __future__ import annotations
 
 import asyncio
-import random
 
 import numpy as np
+from pcgtts.bench.voice_agent import llm_pieces
 from pcgtts.tts import NothingToSay, SynthesisOptions
 from server_support import wait_idle
 
 ANSWER = ("The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore, "
           "and Dr. Brown buys 2.5 of them. How much wood would a woodchuck chuck?")
 
-
-def llm_tokens(text: str, seed: int) -> list[str]:
-    """The text as an LLM streams it: pieces of 1-5 characters."""
-    rng, pieces, i = random.Random(seed), [], 0
-    while i < len(text):
-        n = rng.randint(1, 5)
-        pieces.append(text[i:i + n])
-        i += n
-    return pieces
 
 
 async def _whole(service, text: str, seed: int) -> np.ndarray:
@@ -31,12 +22,12 @@ async def _whole(service, text: str, seed: int) -> np.ndarray:
 
 def test_fed_text_speaks_its_first_sentence_before_the_rest_arrives(tts_service):
     first_end = ANSWER.index(". ") + 2
-    tokens = llm_tokens(ANSWER[first_end + 1:], seed=3)
+    tokens = llm_pieces(ANSWER[first_end + 1:], seed=3)
 
     async def run():
         feed = tts_service.text_feed()
         synth = tts_service.synthesize(feed, None, SynthesisOptions(seed=8))
-        for piece in llm_tokens(ANSWER[:first_end + 1], seed=2):  # the first sentence and one letter more
+        for piece in llm_pieces(ANSWER[:first_end + 1], seed=2):  # the first sentence and one letter more
             feed.push(piece)
         first = await asyncio.wait_for(synth.__anext__(), timeout=120)  # nothing else has been sent
         chunks = [first]

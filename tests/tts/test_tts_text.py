@@ -4,9 +4,9 @@ that turns arriving text into segments (tts/feed.py)."""
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
+from pcgtts.bench.voice_agent import llm_pieces
 from pcgtts.tts.feed import TextFeed
 from pcgtts.tts.text import SentenceStream, sentences_of
 
@@ -34,22 +34,12 @@ def test_sentences_end_where_a_reader_ends_them(text, sentences):
     assert sentences_of(text) == sentences
 
 
-def llm_tokens(text: str, rng: random.Random) -> list[str]:
-    """The text as an LLM streams it: pieces of 1-5 characters."""
-    pieces, i = [], 0
-    while i < len(text):
-        n = rng.randint(1, 5)
-        pieces.append(text[i:i + n])
-        i += n
-    return pieces
-
 
 @pytest.mark.parametrize("seed", range(20))
 def test_text_arriving_in_pieces_is_cut_where_the_whole_text_is(seed):
-    rng = random.Random(seed)
-    for text in ANSWERS:
+    for i, text in enumerate(ANSWERS):
         stream, got = SentenceStream(), []
-        for piece in llm_tokens(text, rng):
+        for piece in llm_pieces(text, seed=100 * seed + i):
             got += stream.push(piece)
             assert got == sentences_of(text)[:len(got)]  # each as soon as complete, never revised
         got += stream.finish()
