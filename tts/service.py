@@ -11,7 +11,11 @@ returns a `Synthesis`, an async iterator of float32 audio chunks at the codec's 
   audio leaves as soon as the codec has a final block;
 * the codec work of all live streams runs on `DecodePool` threads (one by default), so the event loop
   never runs model code;
-* closing the iterator (`aclose`) aborts the engine request and frees its KV blocks.
+* closing the iterator (`aclose`) aborts the engine request and frees its KV blocks;
+* text that is still arriving (a voice agent's LLM writing) goes into a `text_feed()`, whose synthesis
+  speaks each sentence once it is complete, as one utterance;
+* with `SynthesisOptions.word_timings`, families that know their alignment say where each word is heard
+  (`Synthesis.words`).
 
 Per-request statistics (time to first audio, tokens, drafted/accepted, audio seconds) are on
 `Synthesis.stats`; the engine's counters on `TTSService.engine_stats()`.

@@ -100,6 +100,7 @@ class Session:
         self.config = SessionConfig()
         self.pending: list[str] = []  # manual mode: the text of the next utterance
         self.feed: TextFeed | None = None  # sentence mode: the utterance whose text is still arriving
+        self._feed_config, self._feed_queued = self.config, False  # its settings; queued yet?
         self.queue: asyncio.Queue[tuple[int, str | TextFeed, SessionConfig] | None] = asyncio.Queue()
         self.current: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
@@ -273,10 +274,16 @@ class Session:
 
     async def _speak(self, uid: int, text: str | TextFeed, config: SessionConfig, done: AudioDone) -> None:
         state = self.state
-        if isinstance(text, TextFeed) and not await text.started():  # closed before a word was speakable
-            await self.send_error(service_error(NothingToSay("the input holds nothing this model can speak")),
-                                  uid)
-            return
+        if isinstance(text, TextFeed):
+            started = await _unless_cut(text.started(), state.drain.cut)
+            if started is None:  # the drain deadline passed while the utterance waited for its first words
+                done.finish_reason, done.cancelled, done.reason = "abort", True, SHUTDOWN_REASON
+                await self.send_event(done)
+                return
+            if not started:  # closed before a word was speakable
+                await self.send_error(service_error(NothingToSay("the input holds nothing this model can "
+                                                                 "speak")), uid)
+                return
         received = time.perf_counter()  # sentence mode: when its first sentence was complete
         try:
             service, resolver = state.require_ready()
@@ -321,6 +328,18 @@ class Session:
         done.finish_reason = {"ok": synth.stats.finish_reason, "error": "error"}.get(status, "abort")
         done.cancelled, done.reason = reason is not None, reason
         await self.send_event(done)
+
+
+async def _unless_cut(waiting, cut: asyncio.Event):
+    """The awaitable's result, or None if `cut` is set first (then it is cancelled)."""
+    task, deadline = asyncio.ensure_future(waiting), asyncio.ensure_future(cut.wait())
+    try:
+        await asyncio.wait({task, deadline}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        deadline.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task.done() and not task.cancelled() else None
 
 
 def _too_long() -> APIError:

@@ -186,3 +186,29 @@ def test_barge_in_stops_the_engine_within_one_step_and_drops_unspoken_sentences(
         last = collect_until_done(ws)[-1]
         assert last["cancelled"] is False and last["total_bytes"] > 0
     wait_until(lambda: tts_service.engine_stats().num_running == 0, "the engine is still busy")
+
+
+def test_session_close_speaks_the_text_that_arrived_to_its_end(live_server):
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        ws.send(json.dumps({"type": "session.config", "flush": "sentence", "seed": 7}))
+        send_text(ws, ["Closing now. And this last clause has no full stop"])
+        ws.send(json.dumps({"type": "session.close"}))
+        messages = collect_until_done(ws)
+        assert json.loads(ws.recv(timeout=60))["type"] == "session.done"
+    done = messages[-1]
+    assert done["finish_reason"] == "stop" and done["total_bytes"] > 0
+    whole = http_pcm(live_server, "Closing now. And this last clause has no full stop", seed=7)
+    assert pcm_of(messages).size == whole.size
+
+
+def test_closing_the_socket_while_text_still_arrives_frees_the_engine(live_server, tts_service):
+    wait_idle(tts_service)
+    aborts = tts_service.engine_stats().finished.get("abort", 0)
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        ws.send(json.dumps({"type": "session.config", "flush": "sentence"}))
+        send_text(ws, ["This first sentence goes on for quite a while, so that it is still spoken. Then"])
+        first_audio(ws)
+    wait_idle(tts_service)  # KV freed ...
+    assert tts_service.engine_stats().finished.get("abort", 0) == aborts + 1  # ... by an abort
