@@ -2,7 +2,7 @@
 (`make install-vllm-peer`), never imported by pcgtts: it reads a JSON job from stdin and prints one JSON
 line of results. Only vLLM and the standard library are used here.
 
-Job: {"target": dir, "draft": dir | null, "gamma": int, "prompts": {batch: [[token ids]]},
+Job: {"target": dir, "draft": dir | null, "num_speculative_tokens": int, "prompts": {batch: [[token ids]]},
       "max_tokens": int, "temperature": float, "top_p": float, "repeats": int, "eager": bool}
 Result: {"rows": [{"mode", "batch", "tokens", "times_s", "cpu_s", "samples" (the last repeat's token ids per
          prompt), "acceptance_rate"}], "version", "patched"}
@@ -67,12 +67,13 @@ def run(job: dict) -> dict:
         patch_spawned_processes()
     longest = max(len(p) for ps in job["prompts"].values() for p in ps)
     common = dict(skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=job.get("memory", 0.3),
-                  max_model_len=longest + job["max_tokens"] + 2 * job["gamma"] + 16,
+                  max_model_len=longest + job["max_tokens"] + 2 * job["num_speculative_tokens"] + 16,
                   enforce_eager=job.get("eager", False), seed=0, disable_log_stats=False)
     modes = [("vllm-cpu", {})]
     if job.get("draft"):
         modes.append(("vllm-cpu-spec", {"speculative_config": {
-            "model": job["draft"], "method": "draft_model", "num_speculative_tokens": job["gamma"],
+            "model": job["draft"], "method": "draft_model",
+            "num_speculative_tokens": job["num_speculative_tokens"],
             "draft_sample_method": "probabilistic"}}))
     params = SamplingParams(temperature=job["temperature"], top_p=job["top_p"], max_tokens=job["max_tokens"],
                             min_tokens=job["max_tokens"], ignore_eos=True, detokenize=False)

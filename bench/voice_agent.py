@@ -31,7 +31,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from pcgtts.bench import step_speed
+from pcgtts.bench.common import machine as machine_record
+from pcgtts.bench.common import write_json
 from pcgtts.bench.load_test import quantile, stall_seconds, start_server
 
 OUTPUT_RATE = 24000
@@ -139,7 +140,7 @@ def summary(rows: list[dict], key: str) -> dict:
 def machine() -> dict:
     """The bench machine (`bench step`'s record) and its load average: the machine is shared."""
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
-    record = {k: v for k, v in step_speed.machine().items() if k != "torch_threads"}  # the server's own
+    record = {k: v for k, v in machine_record().items() if k != "torch_threads"}  # the server has its own
     return {**record, "load_average": load}
 
 
@@ -180,7 +181,7 @@ def main(args: argparse.Namespace) -> int:
     if barge:
         report["barge_in"] = {"cancel_to_done_s": summary(barge, "cancel_to_done_s"),
                               "audio_after_cancel_s": summary(barge, "audio_after_cancel_s"), "runs": barge}
-    (args.out / "voice_agent.json").write_text(json.dumps(report, indent=1))
+    write_json(args.out / "voice_agent.json", report)
     first = report["first_audio_after_first_sentence_s"]
     print(f"first audio after the first sentence's final character: p50 {first['p50']:.3f} s, "
           f"p95 {first['p95']:.3f} s over {args.runs} runs (target p50 <= {TARGET_S} s); "

@@ -13,6 +13,7 @@ from pcgtts.server.schemas import ErrorDetail
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 MAX_QUEUED = 8  # utterances waiting behind the running one, per connection
+EMPTY_INPUT_DONE = "input.done with no text pending: send input.text first."
 
 
 class Message(BaseModel):
@@ -34,7 +35,9 @@ class InputDone(Message):
 
 InputDone.__doc__ = (f"Speaks the pending text (queued behind a running utterance; at most {MAX_QUEUED} "
                      "waiting per connection, more get an error); in sentence mode, the rest of the "
-                     "utterance's text (it was queued at its first words).")
+                     "utterance's text (it was queued at its first words). With no text pending (none sent, "
+                     "or only whitespace, since the last input.done) it answers an `error` event, code "
+                     "`empty_input`.")
 
 
 class InputCancel(Message):

