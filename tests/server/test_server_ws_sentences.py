@@ -212,3 +212,16 @@ def test_closing_the_socket_while_text_still_arrives_frees_the_engine(live_serve
         first_audio(ws)
     wait_idle(tts_service)  # KV freed ...
     assert tts_service.engine_stats().finished.get("abort", 0) == aborts + 1  # ... by an abort
+
+
+def test_input_done_after_only_whitespace_is_an_empty_input_error(live_server):
+    with connect(ws_url(live_server)) as ws:
+        ws.recv(timeout=10)
+        ws.send(json.dumps({"type": "session.config", "flush": "sentence"}))
+        send_text(ws, [" ", "\n "])
+        ws.send(json.dumps({"type": "input.done"}))
+        event = json.loads(ws.recv(timeout=10))
+        assert event["type"] == "error" and event["error"]["code"] == "empty_input"
+        send_text(ws, ["Then words. "])  # the session goes on
+        ws.send(json.dumps({"type": "input.done"}))
+        assert collect_until_done(ws)[-1]["finish_reason"] == "stop"
