@@ -37,13 +37,17 @@ class BatchSampler:
         params = [s.params for s in seqs]
         self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         self.generators = [s.generator or shared_generator for s in seqs]
-        # Every row plain temperature sampling (no greedy row, no top-k, no top-p: the common case): probs
-        # are softmax(logits / T), the very numbers logits_to_probs computes, without its per-call checks.
-        self._temperature_only = all(p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size
-                                     and p.top_p >= 1.0 for p in params)
+        # Rows of plain temperature sampling (no greedy, no top-k, no top-p: the common case): their probs
+        # are softmax(logits / T), the very numbers logits_to_probs computes for them.
+        plain = [p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size and p.top_p >= 1.0
+                 for p in params]
+        self._temperature_only = all(plain)  # then without logits_to_probs' per-call checks
         self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
-        # softmax and draw in one compiled loop (sampling_cpu.py) where both are plain: CPU, temperature only
-        self._compiled_draw = self._temperature_only and compiled_applies(device, vocab_size)
+        # Plain rows draw with softmax and draw in one compiled loop (sampling_cpu.py) on CPU, whatever the
+        # other rows ask for: a row's draft probabilities never depend on its batch mates' settings.
+        self._compiled_rows: torch.Tensor | None = None  # Long[n] of those rows; None when there are none
+        if any(plain) and compiled_applies(device, vocab_size):
+            self._compiled_rows = torch.tensor([b for b, ok in enumerate(plain) if ok], device=device)
         if not self._temperature_only:  # made once per step, used by every probs() call
             self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
             self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -79,7 +83,7 @@ class BatchSampler:
         """logits [B, 1, V] -> (probs [B, V] as `probs` gives them, Long[B]: one draw per row from its own
         generator, as `sample` draws). out: Float32[B, V] to write the probs into (e.g. one position of the
         draft's probability buffer)."""
-        if not self._compiled_draw or logits.dtype != torch.float32:
+        if self._compiled_rows is None or logits.dtype != torch.float32:
             probs = self.probs(logits, drafts, offset)[:, 0]
             if out is not None:
                 probs = out.copy_(probs)
@@ -89,10 +93,23 @@ class BatchSampler:
         if self.constrained:
             logits = self._constrain(logits, drafts, offset)
         b, _, v = logits.shape
-        probs = out if out is not None else torch.empty(b, v)
-        tokens = torch.empty(b, dtype=torch.long)
-        softmax_draw_cpu(logits[:, 0].numpy(), self.temperature.numpy(), self.uniforms().numpy(),
-                         probs.numpy(), tokens.numpy())
+        u = self.uniforms()  # [B]: one per row, from its own generator
+        if self._temperature_only:
+            probs = out if out is not None else torch.empty(b, v)
+            tokens = torch.empty(b, dtype=torch.long)
+            softmax_draw_cpu(logits[:, 0].numpy(), self.temperature.numpy(), u.numpy(), probs.numpy(),
+                             tokens.numpy())
+            return probs, tokens
+        # mixed: every row by the torch ops, then the plain rows again by the compiled loop
+        probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)[:, 0]  # [B, V]
+        tokens = sample_rows(probs, None, u)
+        rows = self._compiled_rows
+        plain_probs, plain_tokens = torch.empty(len(rows), v), torch.empty(len(rows), dtype=torch.long)
+        softmax_draw_cpu(logits[rows, 0].numpy(), self.temperature[rows].numpy(), u[rows].numpy(),
+                         plain_probs.numpy(), plain_tokens.numpy())
+        probs[rows], tokens[rows] = plain_probs, plain_tokens
+        if out is not None:
+            probs = out.copy_(probs)
         return probs, tokens
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
