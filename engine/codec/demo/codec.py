@@ -20,7 +20,7 @@ import torch
 from pcgtts.engine.codec.base import Codec, StreamingDecoder
 from pcgtts.engine.codec.demo.decoder import CentroidLookup, CodeToMel
 from pcgtts.engine.codec.demo.features import LOG_FLOOR, MelSpec
-from pcgtts.engine.codec.demo.griffinlim import BlockGLConfig, BlockGriffinLim, batched_by, synthesize_blocks
+from pcgtts.engine.codec.demo.griffinlim import BlockGLConfig, BlockGriffinLim, synthesize_blocks
 from safetensors.torch import load_file
 
 
@@ -112,21 +112,20 @@ class DemoMelCodec(Codec):
 
     def _block_mels(self, streams: list[DemoStreamingDecoder]) -> list[torch.Tensor]:
         """Each stream's next block span of decoded log-mel [hi - lo, n_mels]; the conv decoder sees its
-        `context` frames either side, and runs once per window length."""
+        `context` frames either side. One window per decoder call: its convolutions round a window
+        differently in batches of different sizes (on the build machines the 1x1 ones for fewer than 16
+        windows, the wider ones for one), and a stream's audio must not depend on which others share the
+        codec's call; the Griffin-Lim after it stays batched."""
         ctx = self.decoder.context
-        windows = []
+        mels = []
         for s in streams:
             total = len(s.codes)
             lo, hi = s.synth.span(total)
             clo, chi = max(0, lo - ctx), min(total, hi + self.right_context(s.synth.next_block))
-            windows.append((np.asarray(s.codes[clo:chi], dtype=np.int64), lo - clo, hi - lo))
-
-        def run(group: list[tuple[np.ndarray, int, int]]) -> list[torch.Tensor]:
             with torch.no_grad():
-                mel = self.decoder(torch.as_tensor(np.stack([w[0] for w in group])))  # [G, window, n_mels]
-            return [m[skip: skip + n] for m, (_, skip, n) in zip(mel, group, strict=True)]
-
-        return batched_by(lambda w: len(w[0]), windows, run)
+                mel = self.decoder(torch.as_tensor(np.asarray(s.codes[clo:chi], dtype=np.int64))[None])[0]
+            mels.append(mel[lo - clo: hi - clo])
+        return mels
 
     def synthesize(self, log_mel: torch.Tensor) -> np.ndarray:
         """Griffin-Lim of any log-mel [frames, n_mels] (e.g. unquantised features) with the same blocks."""
