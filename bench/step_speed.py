@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=Path, default=None,
                         help="draft directory (a Llama checkpoint or a feature head) instead of the bundle's")
     parser.add_argument("--graphs", nargs="+", default=["eager", "compile"],
-                        help="decode_graphs modes to compare (eager, compile, cuda_graphs)")
+                        help="decode_graphs modes to compare (eager, compile, cuda_graphs), each optionally "
+                             "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
+                             "eager+off for forwards that are not batch-invariant")
     parser.add_argument("--rules", nargs="+", default=list(RULES), help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
     parser.add_argument("--repeats", type=int, default=3)
@@ -75,12 +77,16 @@ def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens:
 
 
 def build_engine(bundle: ModelBundle, rule: str, graphs: str, args) -> Engine:
+    """graphs: a decode_graphs mode, optionally "+" an EngineConfig.deterministic mode (default: the
+    engine's, "seeded": every utterance here is seeded, so every step is batch-invariant)."""
     spec = rule != "target-only"
+    mode, _, deterministic = graphs.partition("+")
     return Engine(EngineConfig(
         target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
         acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
         num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
-        decode_graphs=graphs, compile_cache_dir=args.compile_cache_dir))
+        decode_graphs=mode, compile_cache_dir=args.compile_cache_dir,
+        deterministic=deterministic or EngineConfig.deterministic))
 
 
 def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, list]]:
