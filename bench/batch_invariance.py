@@ -148,8 +148,8 @@ def markdown(result: dict) -> str:
         lines += [f"## deterministic={mode}, plan {res['plan']}", "",
                   "| probe tokens cached | tokens per row | batch | probe at | first differing op |",
                   "| --- | --- | --- | --- | --- |"]
-        lines += [f"| {r['probe_length']} | {r['tokens']} | {r['batch']} | {r['place']} | {r['first_difference']} |"
-                  for r in res["rows"]]
+        lines += ["| " + " | ".join(str(r[k]) for k in ("probe_length", "tokens", "batch", "place",
+                                                         "first_difference")) + " |" for r in res["rows"]]
         lines.append("")
     return "\n".join(lines)
 
