@@ -116,16 +116,19 @@ class DemoMelCodec(Codec):
         differently in batches of different sizes (on the build machines the 1x1 ones for fewer than 16
         windows, the wider ones for one), and a stream's audio must not depend on which others share the
         codec's call; the Griffin-Lim after it stays batched."""
-        ctx = self.decoder.context
         mels = []
-        for s in streams:
-            total = len(s.codes)
-            lo, hi = s.synth.span(total)
-            clo, chi = max(0, lo - ctx), min(total, hi + self.right_context(s.synth.next_block))
+        for codes, skip, n in map(self.block_window, streams):
             with torch.no_grad():
-                mel = self.decoder(torch.as_tensor(np.asarray(s.codes[clo:chi], dtype=np.int64))[None])[0]
-            mels.append(mel[lo - clo: hi - clo])
+                mels.append(self.decoder(torch.as_tensor(codes)[None])[0, skip: skip + n])
         return mels
+
+    def block_window(self, stream: DemoStreamingDecoder) -> tuple[np.ndarray, int, int]:
+        """(the codes the conv decoder reads for the stream's next block [window], offset of the block's
+        span in them, its frames): the span with `context` frames either side, as far as they exist."""
+        total, synth = len(stream.codes), stream.synth
+        lo, hi = synth.span(total)
+        clo, chi = max(0, lo - self.decoder.context), min(total, hi + self.right_context(synth.next_block))
+        return np.asarray(stream.codes[clo:chi], dtype=np.int64), lo - clo, hi - lo
 
     def synthesize(self, log_mel: torch.Tensor) -> np.ndarray:
         """Griffin-Lim of any log-mel [frames, n_mels] (e.g. unquantised features) with the same blocks."""
