@@ -18,6 +18,7 @@ BENCHMARKS = {
     "draft-cost": ("draft_cost", "c = draft / target per-token cost, drafts side by side"),
     "groups": ("groups", "ASGs: swap test and PCG decoding, WER and similarity"),
     "voice-agent": ("voice_agent", "WebSocket sentence mode: first audio while an LLM still writes"),
+    "invariance": ("batch_invariance", "where a row's numbers depend on its batch mates, op by op"),
 }
 
 

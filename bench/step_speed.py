@@ -38,7 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", type=Path, default=None,
                         help="draft directory (a Llama checkpoint or a feature head) instead of the bundle's")
     parser.add_argument("--graphs", nargs="+", default=["eager", "compile"],
-                        help="decode_graphs modes to compare (eager, compile, cuda_graphs)")
+                        help="decode_graphs modes to compare (eager, compile, cuda_graphs), each optionally "
+                             "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
+                             "eager+off for forwards that are not batch-invariant")
     parser.add_argument("--rules", nargs="+", default=list(RULES), help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
     parser.add_argument("--repeats", type=int, default=3)
@@ -135,8 +137,10 @@ def run(args) -> dict:
     for graphs in args.graphs:
         for rule in args.rules:
             t0 = time.perf_counter()
+            mode, _, deterministic = graphs.partition("+")  # e.g. "eager+off"
             engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
-                                   decode_graphs=graphs, device=args.device, dtype=args.dtype,
+                                   decode_graphs=mode, deterministic=deterministic or None,
+                                   device=args.device, dtype=args.dtype,
                                    compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,
                                             "capture_seconds": engine.capture_seconds}

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from pcgtts.engine.batch_invariance import attend, causal_mask, pad_rows
 
 if TYPE_CHECKING:
     from pcgtts.engine.kv_mirror import MirrorBatch
@@ -55,25 +56,35 @@ class PagedBatch:
 
 def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables: torch.Tensor,
                       block_size: int, scratch_block: int,
-                      mask_dtype: torch.dtype = torch.bool) -> PagedBatch:
+                      mask_dtype: torch.dtype = torch.bool, query_quantum: int = 1) -> PagedBatch:
     """positions Long[B, T], valid Bool[B, T], block_tables Long[B, M] padded with `scratch_block`.
 
     M * block_size must cover every valid position; context length is taken from M (the caller sizes M to
     the batch's longest row), so no host sync is needed. mask_dtype: bool, or a float dtype for an additive
     mask (torch's CPU attention kernel adds a float mask as it goes but first converts a bool one, per
-    layer: 6-18% of an attention call at decode sizes here)."""
+    layer: 6-18% of an attention call at decode sizes here). query_quantum: the mask gets rows for T
+    rounded up to a multiple of it (padding queries that see key 0 only), and attention pads the queries
+    to match (engine/batch_invariance.py)."""
     b, t = positions.shape
     positions = torch.where(valid, positions, torch.zeros_like(positions))
     slot = torch.gather(block_tables, 1, positions // block_size) * block_size + positions % block_size
     slot = torch.where(valid, slot, torch.full_like(slot, scratch_block * block_size))
     ctx = block_tables.shape[1] * block_size
-    key_pos = torch.arange(ctx, device=positions.device)  # [ctx]
-    mask = key_pos[None, None, :] <= positions[:, :, None]  # [B, T, ctx]
-    if mask_dtype != torch.bool:
-        mask = mask.to(mask_dtype).log_()  # 1 -> 0, 0 -> -inf
     return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1),
-                      mask=mask.unsqueeze(1), context_len=ctx, block_tables=block_tables,
-                      block_size=block_size)
+                      mask=causal_mask(pad_rows(positions.T, query_quantum).T, ctx, mask_dtype),
+                      context_len=ctx, block_tables=block_tables, block_size=block_size)
+
+
+def pad_query_rows(mask: torch.Tensor, quantum: int) -> torch.Tensor:
+    """mask [B, 1, T, ctx] with rows for padding queries (key 0 visible only) up to a multiple of
+    `quantum` queries."""
+    short = -mask.shape[2] % quantum
+    if not short:
+        return mask
+    pad = torch.zeros_like(mask[:, :, :1]) if mask.dtype == torch.bool else \
+        torch.full_like(mask[:, :, :1], float("-inf"))
+    pad[..., 0] = True if mask.dtype == torch.bool else 0.0
+    return torch.cat([mask, pad.expand(-1, -1, short, -1)], dim=2)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -107,7 +118,6 @@ class GatherSDPABackend(AttentionBackend):
 
     def attend(self, q, k, v, k_cache, v_cache, meta, layer):
         b, t, h, d = q.shape
-        h_kv = k.shape[2]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         mirror = meta.mirror
         if mirror is None:
@@ -116,9 +126,9 @@ class GatherSDPABackend(AttentionBackend):
             mirror.write(layer, k, v)
             keys, values = mirror.layer(layer, meta.context_len)  # views [span, ctx, H_kv, D]
             q, mask = mirror.spread(q), meta.mask if mirror.mask is None else mirror.mask
-        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [R, H_kv, ctx, D]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask,
-                                             enable_gqa=h != h_kv)  # [R, H, T, D]
+        if mask.shape[2] > t:  # queries padded as the mask says (engine/batch_invariance.py)
+            q = F.pad(q, (0, 0, 0, 0, 0, mask.shape[2] - t))
+        out = attend(q, keys, values, mask)[:, :, :t]  # [R, H, T, D]
         if mirror is not None:
             out = mirror.collect(out)  # [B, H, T, D]
         return out.transpose(1, 2).reshape(b, t, h * d)

@@ -66,7 +66,17 @@ class EngineConfig:
     # vocabularies up to engine.ops.COMPILED_MAX_V. False: the torch ops everywhere (what CUDA runs).
     compiled_cpu_ops: bool = True
     seed: int = 0  # seeds the generator shared by requests without their own seed
+    # Batch-invariant forwards (engine/batch_invariance.py): every row's arithmetic the same bits whatever
+    # shares its forward, so a seeded request gives the same tokens alone or beside any others. "seeded":
+    # every prefill, and every decoding step that holds a seeded request (the padding they need costs
+    # those steps time, measured in bench/results/determinism/); "always": every forward; "off": none (a
+    # seed then fixes the tokens only among the same batch mates). The padding is measured on this
+    # machine at start-up; where none works (captured decode graphs, some devices) "seeded" falls back to
+    # off with a warning and "always" refuses to start.
+    deterministic: str = "seeded"
 
+
+DETERMINISTIC_MODES = ("seeded", "always", "off")
 
 # Inclusive ranges the engine accepts per request; values outside fail that request with ValueError. They are
 # wide (the API's own ranges are narrower) and exist so that no value can break the batched math: finite,

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from pcgtts.engine.acceptance import RuleCache
 from pcgtts.engine.attention import make_backend
-from pcgtts.engine.config import EngineConfig, SamplingParams
+from pcgtts.engine.batch_invariance import CALIBRATIONS, PLAIN, ROW_QUANTA, InvariancePlan, calibrate
+from pcgtts.engine.config import DETERMINISTIC_MODES, EngineConfig, SamplingParams
 from pcgtts.engine.errors import RequestTooLong
 from pcgtts.engine.faults import isolate_faults, snapshot
 from pcgtts.engine.metrics import Counters, EngineMetrics
@@ -104,6 +105,7 @@ class Engine:
         if draft_config is not None:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions, compiled),
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
+        self.invariance = self._invariance_plan()  # PLAIN when forwards are never made batch-invariant
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
                                                                 else 0.0)
@@ -119,7 +121,8 @@ class Engine:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = SpeculativeDecoder(self.target, self.draft, gamma, self.shared_generator, self.head,
-                                          self.ops)
+                                          self.ops, self.invariance,
+                                          "off" if not self.invariance.active else config.deterministic)
         self.policy = SpeculationPolicy(gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,
@@ -137,6 +140,52 @@ class Engine:
                 per_token += draft_config.kv_bytes_per_token(self.dtype)
             return max(1, cfg.kv_budget_bytes // (per_token * bs))
         return max(1, -(-(cfg.kv_budget_tokens or DEFAULT_KV_TOKENS) // bs))
+
+    def _invariance_plan(self) -> InvariancePlan:
+        """The cheapest padding that keeps every row batch-invariant with this machine's kernels
+        (batch_invariance.calibrate over every distinct matrix product of the models), or PLAIN when the
+        config wants none or none works here (then "seeded" warns, "always" raises)."""
+        mode = self.config.deterministic
+        if mode not in DETERMINISTIC_MODES:
+            raise ValueError(f"deterministic must be one of {DETERMINISTIC_MODES}, not {mode!r}")
+        if mode == "off":
+            return PLAIN
+        plan, why = None, "captured decode graphs are not checked for batch invariance"
+        if self.decode_graphs == "eager":
+            checks, tcfg = self._product_checks(), self.target_config
+            attention = (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim, self.device, self.dtype,
+                         self.target.mask_dtype)
+            key = (tuple(shape for shape, _ in checks), attention, torch.get_num_threads())
+            if key not in CALIBRATIONS:
+                CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
+            plan = CALIBRATIONS[key]
+            why = (f"no padding of rows to a multiple of {ROW_QUANTA} makes its matrix products and "
+                   f"attention batch-invariant")
+        if plan is None:
+            message = f"batch-invariant forwards are not available on {self.device} ({self.dtype}, " \
+                      f"decode_graphs={self.decode_graphs!r}): {why}"
+            if mode == "always":
+                raise ValueError(f"deterministic='always': {message}")
+            log.warning("%s; a seed fixes a request's tokens only among the same batch mates", message)
+            return PLAIN
+        log.info("batch-invariant forwards (%s): rows padded to a multiple of %d, key blocks of %d-%d keys",
+                 mode, plan.row_quantum, plan.min_keys, plan.key_tile)
+        return plan
+
+    def _product_checks(self) -> list[tuple[tuple, tuple]]:
+        """(kind, (product, in_features, rows to check)) for each distinct kind of matrix product of the
+        models (weight shape, layout, rows): the LM heads at decode sizes only, the others at prefill
+        sizes too."""
+        decode_rows = self.config.max_num_seqs * (self.num_speculative_tokens + 1)
+        heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
+        projections = self.target.model.projections()
+        for part in (self.draft.model if self.draft else None, self.head):
+            projections += part.projections() if part is not None else []
+        kinds = {}
+        for p in projections:
+            rows = decode_rows if any(p is h for h in heads) else max(decode_rows, 1000)
+            kinds.setdefault((tuple(p.weight.shape), p.input_major, rows), p)
+        return [(kind, (p.product, p.in_features, kind[2])) for kind, p in kinds.items()]
 
     @property
     def asg_table_paths(self) -> dict[str, Path]:

@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from pcgtts.engine.attention import AttentionBackend, PagedBatch, build_paged_batch
+from pcgtts.engine.attention import AttentionBackend, PagedBatch, build_paged_batch, pad_query_rows
+from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
 from pcgtts.engine.block_manager import BlockAllocator, SeqBlocks
 from pcgtts.engine.kv_cache import KVCache
 from pcgtts.engine.kv_mirror import KVMirror
@@ -40,6 +41,7 @@ class ModelRunner:
         if decode_tokens:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
+        self.plan = PLAIN
         self.mirror: KVMirror | None = None
         # prefill chunks bypass the mirror (pool only): it holds decoding rows, each gathered from the pool
         # at its first decode forward
@@ -49,9 +51,19 @@ class ModelRunner:
             self.mirror = KVMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, self.device,
                                    model.dtype, kv_mirror_bytes)
 
+    def apply_plan(self, plan: InvariancePlan) -> None:
+        """Shape this runner's forwards by `plan` (engine/batch_invariance.py): padded GEMM rows, attention
+        queries and contexts, and one RMSNorm form, so each row computes the same bits whatever shares it."""
+        if plan.key_tile % self.block_size or plan.min_keys % self.block_size:
+            raise ValueError(f"key blocks of {plan.key_tile} and {plan.min_keys} are not whole "
+                             f"{self.block_size}-token KV blocks")
+        self.plan = plan
+        self.model.apply_plan(plan)
+
     def block_tables(self, states: list[SeqBlocks], num_tokens: int) -> torch.Tensor:
-        """Long[B, M] block tables covering positions [0, num_tokens), padded with the scratch block."""
-        cols = self.blocks.blocks_for(num_tokens)
+        """Long[B, M] block tables covering positions [0, num_tokens) (and up to the plan's context for
+        them), padded with the scratch block."""
+        cols = self.blocks.blocks_for(self.plan.context(self.blocks.blocks_for(num_tokens) * self.block_size))
         scratch = self.cache.scratch_block
         rows = [st.blocks[:cols] + [scratch] * (cols - min(cols, len(st.blocks))) for st in states]
         return torch.tensor(rows, dtype=torch.long, device=self.device)
@@ -60,7 +72,7 @@ class ModelRunner:
                  tables: torch.Tensor) -> torch.Tensor:
         """The whole forward from tensors only (what graphs capture)."""
         meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block,
-                                 self.mask_dtype)
+                                 self.mask_dtype, self.plan.row_quantum)
         return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
@@ -75,7 +87,7 @@ class ModelRunner:
         with torch.inference_mode():
             if meta is None:
                 meta = build_paged_batch(positions, valid, tables, self.block_size,
-                                         self.cache.scratch_block, self.mask_dtype)
+                                         self.cache.scratch_block, self.mask_dtype, self.plan.row_quantum)
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
             elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:
@@ -97,8 +109,11 @@ class ModelRunner:
         meta = build_paged_batch(positions, torch.ones_like(positions, dtype=torch.bool), tables,
                                  self.block_size, self.cache.scratch_block, self.mask_dtype)
         slots = meta.slot_mapping.view(b, j)
+        # each one-token forward's mask: its column, then the padding queries' rows the plan asks for
+        padding = pad_query_rows(meta.mask[:, :, :1], self.plan.row_quantum)[:, :, 1:]
         return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],
-                        mask=meta.mask[:, :, c:c + 1]) for c in range(j)]
+                        mask=torch.cat([meta.mask[:, :, c:c + 1], padding], dim=2) if padding.shape[2]
+                        else meta.mask[:, :, c:c + 1]) for c in range(j)]
 
     def warm_up(self, name: str) -> float:
         """Build the captured graphs now (start-up) rather than on the first request; seconds taken."""

@@ -39,11 +39,17 @@ class BatchSampler:
         params = [s.params for s in seqs]
         self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         self.generators = [s.generator or shared_generator for s in seqs]
-        # Every row plain temperature sampling (no greedy row, no top-k, no top-p: the common case): probs
-        # are softmax(logits / T), the very numbers logits_to_probs computes, without its per-call checks.
-        self._temperature_only = all(p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size
-                                     and p.top_p >= 1.0 for p in params)
+        # Rows of plain temperature sampling (no greedy, no top-k, no top-p: the common case): their probs
+        # are softmax(logits / T), the very numbers logits_to_probs computes for them.
+        plain = [p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size and p.top_p >= 1.0
+                 for p in params]
+        self._temperature_only = all(plain)  # then without logits_to_probs' per-call checks
         self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
+        # Plain rows draw by softmax-and-draw (engine/ops) whatever the other rows ask for, so that a row's
+        # draft probabilities and draw never depend on its batch mates' settings.
+        self._plain_rows: torch.Tensor | None = None  # Long[n] of those rows; None when there are none
+        if any(plain) and not self._temperature_only:
+            self._plain_rows = torch.tensor([b for b, ok in enumerate(plain) if ok], device=device)
         if not self._temperature_only:  # made once per step, used by every probs() call
             self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
             self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -84,13 +90,20 @@ class BatchSampler:
         """logits [B, 1, V] -> (probs [B, V] as `probs` gives them, Long[B]: one draw per row from its own
         generator, as `sample` draws). out: Float32[B, V] to write the probs into (e.g. one position of the
         draft's probability buffer)."""
+        logits = self._processed(logits, drafts, offset)[:, 0]  # [B, V]
+        u = self.uniforms()  # [B]: one per row, from its own generator
+        softmax_draw = self.ops.form(SOFTMAX_DRAW)
         if self._temperature_only:
-            logits = self._processed(logits, drafts, offset)[:, 0]
-            return self.ops.form(SOFTMAX_DRAW)(logits, self.temperature, self.uniforms(), out)
-        probs = self.probs(logits, drafts, offset)[:, 0]
+            return softmax_draw(logits, self.temperature, u, out)
+        # mixed: every row by the warps, then the plain rows again by softmax-and-draw (as alone)
+        probs = logits_to_probs(logits, self.temperature, self.top_k, self.top_p)  # [B, V]
+        tokens = sample_rows(probs, None, u)
+        if self._plain_rows is not None:
+            rows = self._plain_rows
+            probs[rows], tokens[rows] = softmax_draw(logits[rows], self.temperature[rows], u[rows])
         if out is not None:
             probs = out.copy_(probs)
-        return probs, self.sample(probs)
+        return probs, tokens
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
         b, p, v = logits.shape

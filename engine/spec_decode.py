@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from pcgtts.engine.acceptance import AcceptanceRule
 from pcgtts.engine.acceptance.sampling import RowGenerators
+from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
 from pcgtts.engine.model.feature_head import FeatureHead
 from pcgtts.engine.model_runner import ModelRunner
 from pcgtts.engine.ops import Ops
@@ -45,9 +46,13 @@ class StepResult:
 
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, draft: ModelRunner | None, num_speculative_tokens: int,
-                 shared_generator: torch.Generator, head: FeatureHead | None, ops: Ops):
+                 shared_generator: torch.Generator, head: FeatureHead | None, ops: Ops,
+                 plan: InvariancePlan = PLAIN, invariant_steps: str = "off"):
         """draft or head (at most one) proposes; each sequence brings the acceptance rule that verifies its
-        drafts (`Sequence.rule`). ops: the forms of the per-step operations (the engine's, engine/ops)."""
+        drafts (`Sequence.rule`). ops: the forms of the per-step operations (the engine's, engine/ops);
+        plan: the padding that makes forwards batch-invariant; invariant_steps: which forwards take it,
+        "seeded" (prefills, and steps holding a seeded request), "always" or "off"
+        (EngineConfig.deterministic)."""
         if draft is not None and head is not None:
             raise ValueError("one draft: a Llama draft or a feature head, not both")
         self.target = target
@@ -60,12 +65,32 @@ class SpeculativeDecoder:
         self.device = target.device
         self.ops = ops
         self._valid: dict[tuple[int, int], torch.Tensor] = {}
+        self.plan, self.invariant_steps = plan, invariant_steps
+        self._shaped: InvariancePlan | None = None  # the plan the models' forwards take now
+        self._shape(PLAIN)
+
+    def _shape(self, plan: InvariancePlan) -> None:
+        """Give every model's forwards `plan` (a no-op when they have it already)."""
+        if plan is not self._shaped:
+            for part in (self.target, self.draft, self.head):
+                if part is not None:
+                    part.apply_plan(plan)
+            self._shaped = plan
+
+    def _plan_for(self, seqs: list[Sequence] | None) -> InvariancePlan:
+        """The plan of a decoding step over `seqs` (None: a prefill, whose K/V later steps and other
+        requests, through the prefix cache, may read)."""
+        if self.invariant_steps == "always" or (self.invariant_steps == "seeded" and (
+                seqs is None or any(s.params.seed is not None for s in seqs))):
+            return self.plan
+        return PLAIN
 
     # ---- prefill ----------------------------------------------------------------------------------------
     def prefill(self, items: list[tuple[Sequence, int]]) -> None:
         """Cache K/V of the next `n` uncached tokens of each sequence, in both models (no sampling)."""
         if not items:
             return
+        self._shape(self._plan_for(None))
         ends = [seq.target.num_computed + n for seq, n in items]  # the draft catches up to the same end
         runners = [(self.target, lambda s: s.target)]
         if self.draft is not None:
@@ -87,6 +112,7 @@ class SpeculativeDecoder:
             ready = [s.draft_state_at == s.length for s in seqs]
             if not all(ready):
                 return self._split_step(seqs, ready) if any(ready) else self.step(seqs, speculate=False)
+        self._shape(self._plan_for(seqs))
         sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator, self.ops)
         if self.num_speculative_tokens == 0 or not speculate:
             return self._target_only(seqs, sampler)

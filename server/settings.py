@@ -55,6 +55,9 @@ class ServerSettings:
     kv_mirror_mb: int = _opt(TTSConfig.kv_mirror_mb, "eager CPU decoding: MiB per model for each running "
                              "sequence's K/V kept contiguous, so attention reads it without gathering blocks "
                              "(0 = off)")
+    deterministic: str = _opt(TTSConfig.deterministic, "batch-invariant forwards, so a seed fixes the audio "
+                              "whatever shares the batch: seeded (steps holding a seeded request, and "
+                              "prefills) | always | off")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
     max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")

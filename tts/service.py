@@ -69,6 +69,7 @@ class TTSConfig:
     decode_graphs: str = EngineConfig.decode_graphs  # eager | compile | cuda_graphs | auto (EngineConfig)
     compile_cache_dir: str | Path | None = None  # inductor's cache for decode_graphs=compile
     kv_mirror_mb: int = EngineConfig.kv_mirror_bytes >> 20  # eager CPU: contiguous per-row K/V, MiB per model
+    deterministic: str = EngineConfig.deterministic  # batch-invariant forwards: seeded | always | off
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
@@ -137,6 +138,7 @@ class TTSService:
             decode_graphs=config.decode_graphs,
             compile_cache_dir=config.compile_cache_dir,
             kv_mirror_bytes=config.kv_mirror_mb << 20,
+            deterministic=config.deterministic,
         )
         engine = AsyncEngine(engine_config)
         service = cls(config, bundle, family, codec, engine, {})

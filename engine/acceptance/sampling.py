@@ -64,10 +64,11 @@ class VerifyUniforms:
 
 
 BLOCK = 256  # tokens per block of the two-level inverse CDF
-# Up to this many weights in all (rows x categories) one float64 cumulative sum is cheaper than the two levels
-# (about 20 small ops, which cost more than one cumulative sum of this length); beyond it the float64 copy of
-# every row costs more.
-SINGLE_PASS_MAX_ELEMENTS = 1 << 16
+# Up to this many categories one float64 cumulative sum per row is cheaper than the two levels (about 20 small
+# ops, which cost more than one cumulative sum of this length; beyond it the float64 copy of every row costs
+# more). Chosen by the row length alone, never by the row count: the two searches round differently, and a
+# row's draw must not depend on its batch mates.
+SINGLE_PASS_MAX_V = 8192
 
 
 def sample_rows(
@@ -85,7 +86,7 @@ def sample_rows(
         u = uniform((r,), generator, weights.device)
     single = u.dim() == 1
     u = u.reshape(r, -1)  # [R, T]
-    if r * v <= SINGLE_PASS_MAX_ELEMENTS:  # one cumulative sum beats gathering blocks per draw
+    if v <= SINGLE_PASS_MAX_V:  # one cumulative sum beats gathering blocks per draw
         cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # [R, V]
         idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
         # u * total rounding up to the total lands past the last positive weight (idx == V, the only way
@@ -127,12 +128,10 @@ def sample_segments(
     """One position per segment of a ragged array: segment r is weights[indptr[r]:indptr[r+1]].
 
     weights: [L] nonnegative; indptr: Long[R+1]; returns Long[R] absolute positions into `weights`.
-    Every segment must be non-empty with a positive total."""
-    cdf = torch.cumsum(weights, dim=0, dtype=torch.float64)  # [L]
-    cdf0 = torch.cat([cdf.new_zeros(1), cdf])  # cdf0[i] = sum(weights[:i])
-    start, end = cdf0[indptr[:-1]], cdf0[indptr[1:]]
-    if u is None:
-        u = uniform((start.shape[0],), generator, weights.device)
-    target = start + u * (end - start)
-    pos = torch.searchsorted(cdf, target, right=True)
-    return torch.minimum(pos, indptr[1:] - 1)
+    Every segment must be non-empty with a positive total. Each segment is searched by a cumulative sum of
+    its own (as rows of one zero-padded matrix), so a segment's draw does not depend on the others'."""
+    starts, lengths = indptr[:-1], indptr[1:] - indptr[:-1]
+    cols = torch.arange(int(lengths.max()), device=weights.device)
+    inside = cols[None, :] < lengths[:, None]  # [R, longest]
+    rows = torch.where(inside, weights[(starts[:, None] + cols[None, :]).clamp(max=weights.shape[0] - 1)], 0)
+    return starts + sample_rows(rows, generator, u)

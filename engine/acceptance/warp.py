@@ -57,11 +57,14 @@ def logits_to_probs(
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     elif bool((p < 1.0).any()):
         sorted_vals, sorted_idx = torch.sort(scaled, dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=logits.device)
-        sorted_vals = sorted_vals.masked_fill(ranks >= k, float("-inf"))
+        # top-k by value, as the branch above (ties with the k-th value kept), so that a row's cut does not
+        # depend on whether a batch mate asked for top-p
+        kth = torch.gather(sorted_vals, -1, k - 1)  # [..., 1]
+        sorted_vals = sorted_vals.masked_fill(sorted_vals < kth, float("-inf"))
         sorted_probs = torch.softmax(sorted_vals, dim=-1)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        sorted_vals = sorted_vals.masked_fill(mass_before >= p, float("-inf"))
+        # rows without top-p are never cut: their cumulative sum may round up to 1 before its last token
+        sorted_vals = sorted_vals.masked_fill((mass_before >= p) & (p < 1.0), float("-inf"))
         scaled = torch.full_like(scaled, float("-inf")).scatter(-1, sorted_idx, sorted_vals)
 
     probs = torch.softmax(scaled, dim=-1)

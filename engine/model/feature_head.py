@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from pcgtts.engine.batch_invariance import InvariancePlan
 from pcgtts.engine.model.llama import LlamaModel, Projection, RMSNorm
 from safetensors.torch import load_file
 
@@ -77,6 +78,16 @@ class FeatureHead:
         self.embed = embed  # [V, d], the target's
         self.token_norm = token_norm
         self.blocks = blocks
+
+    def apply_plan(self, plan: InvariancePlan) -> None:
+        """As LlamaModel.apply_plan (engine/batch_invariance.py)."""
+        for block in self.blocks:
+            block.gate_up.row_quantum = block.down.row_quantum = plan.row_quantum
+            block.norm.row_invariant = plan.active
+        self.token_norm.row_invariant = plan.active
+
+    def projections(self) -> list[Projection]:
+        return [p for block in self.blocks for p in (block.gate_up, block.down)]
 
     @torch.inference_mode()
     def __call__(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from pcgtts.engine.attention import AttentionBackend, PagedBatch
+from pcgtts.engine.batch_invariance import InvariancePlan, pad_rows
 from pcgtts.engine.kv_cache import KVCache
 from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.rope import RotaryEmbedding
@@ -35,8 +36,9 @@ class RMSNorm:
     most `LAYER_NORM_MAX_ROWS` rows) run as one `layer_norm` over [x, -x]: that row has mean 0 and variance
     mean(x²), so layer norm's output over its first half is RMSNorm's, from torch's single fused CPU
     kernel, where `F.rms_norm` is half a dozen small ops (agrees to float32 rounding, not bit for bit;
-    tested). Larger inputs (prefill) take `rms_norm`. The result may be a strided view ([..., :d] of
-    [..., 2d])."""
+    tested). Larger inputs (prefill) take `rms_norm`, and so does every input once `row_invariant` is set
+    (engine/batch_invariance.py: a position then rounds alike in a prefill and in a decode step). The
+    result may be a strided view ([..., :d] of [..., 2d])."""
 
     LAYER_NORM_MAX_ROWS = 64
 
@@ -46,12 +48,13 @@ class RMSNorm:
         self.layer_norm_weight = None  # [2d]: weight, then zeros (the mirrored half is dropped)
         if layer_norm_form and weight.dtype == torch.float32:
             self.layer_norm_weight = torch.cat([weight, torch.zeros_like(weight)])
+        self.row_invariant = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., d] -> [..., d]."""
         d = self.dim
         small = x.numel() <= self.LAYER_NORM_MAX_ROWS * d
-        if self.layer_norm_weight is None or x.dtype != torch.float32 or not small:
+        if self.layer_norm_weight is None or x.dtype != torch.float32 or not small or self.row_invariant:
             return rms_norm(x, self.weight, self.eps)
         mirrored = torch.cat([x, x.neg()], dim=-1)  # [..., 2d]
         return F.layer_norm(mirrored, (2 * d,), self.layer_norm_weight, None, self.eps)[..., :d]
@@ -69,9 +72,24 @@ class Projection:
         self.input_major = copy and weight.device.type == "cpu"
         self.weight = weight.t().contiguous() if self.input_major else weight  # [in, out] or [out, in]
         self.bias = bias
+        # inputs are padded with zero rows to a multiple of this many (engine/batch_invariance.py: the GEMM
+        # kernel then computes every row alike whatever the row count); 1 = never
+        self.row_quantum = 1
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[0 if self.input_major else 1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., in] -> [..., out]."""
+        """x [..., in] -> [..., out], as one GEMM over all rows: a 3-D input that cannot be viewed as rows
+        (e.g. attention's output sliced from padded queries) would otherwise run as a batched product of
+        one-row GEMMs, each row by the kernel of a one-row product."""
+        rows = x.numel() // x.shape[-1]
+        y = self.product(pad_rows(x.reshape(rows, x.shape[-1]), self.row_quantum))
+        return y[:rows].view(*x.shape[:-1], y.shape[-1])
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """The matrix product alone, rows as given (what batch_invariance.calibrate measures)."""
         if not self.input_major:
             return F.linear(x, self.weight, self.bias)
         y = torch.matmul(x, self.weight)
@@ -103,6 +121,19 @@ class LlamaModel:
                                     self.device, self.dtype, interleaved=interleaved_rope)
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def apply_plan(self, plan: InvariancePlan) -> None:
+        """Pad every projection's rows to the plan's quantum and keep RMSNorm in one form
+        (engine/batch_invariance.py)."""
+        for proj in self.projections():
+            proj.row_quantum = plan.row_quantum
+        for w in self.layers:
+            w.input_norm.row_invariant = w.post_norm.row_invariant = plan.active
+        self.final_norm.row_invariant = plan.active
+
+    def projections(self) -> list[Projection]:
+        """Every matrix product of the forward, the LM head last."""
+        return [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: PagedBatch, cache: KVCache,

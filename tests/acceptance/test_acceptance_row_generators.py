@@ -8,6 +8,7 @@ from acceptance_support import random_dist, sample_drafts
 from pcgtts.asg_tables import ASGTable
 from pcgtts.engine.acceptance import make_rule
 from pcgtts.engine.acceptance.sampling import RowGenerators, uniform
+from pcgtts.engine.ops import TORCH_OPS
 
 V, GAMMA, ROWS = 60, 3, 12
 GROUPS = [[0, 1, 2, 3], [2, 3, 4], [10, 11, 12, 13, 14, 15], [20, 21], [30, 31, 32, 33, 34, 35, 36, 37]]
@@ -36,6 +37,41 @@ def test_rows_verified_together_match_each_generator_alone(rule):
         assert torch.equal(together.num_accepted[rows], alone.num_accepted)
         assert torch.equal(together.groups[rows], alone.groups)
     assert 0 < int((together.num_accepted < GAMMA).sum()) < ROWS  # rejections and full acceptances both ran
+
+
+LARGE_V = 20_000  # beyond the compiled loops (COMPILED_MAX_V) and the one-pass sampler (SINGLE_PASS_MAX_V)
+RULE_SPECS = {
+    "exact": ("exact", {}), "exact-torch": ("exact", {"ops": TORCH_OPS}), "ssd": ("ssd", {"bias": 0.2}),
+    "topk": ("topk", {"k": 3}), "lantern": ("lantern", {"k": 4, "delta": 0.2, "table": "groups"}),
+    "pcg": ("pcg", {"table": "groups", "residual": "enumerate"}),
+    "pcg-torch": ("pcg", {"table": "groups", "residual": "enumerate", "ops": TORCH_OPS}),
+}
+
+
+@pytest.mark.parametrize("vocab", [V, LARGE_V])
+@pytest.mark.parametrize("spec", list(RULE_SPECS))
+def test_a_seeded_rows_verdict_does_not_depend_on_its_batch_mates(spec, vocab):
+    """Every rule, compiled loop or torch ops: a row with a generator of its own gets the same verdict
+    verified alone as verified beside rows of other distributions and generators (each row its own
+    block, as the engine verifies seeded requests)."""
+    name, params = RULE_SPECS[spec]
+    if params.get("table") == "groups":
+        params = params | {"table": ASGTable.from_groups(GROUPS, vocab)}
+    verifier = make_rule(name, **params)
+    gen = torch.Generator().manual_seed(vocab)
+    draft_probs = torch.softmax(3 * torch.randn(ROWS, GAMMA, vocab, generator=gen), -1)
+    target_probs = torch.softmax(3 * torch.randn(ROWS, GAMMA + 1, vocab, generator=gen), -1)
+    target_probs[:, :GAMMA] = 0.5 * target_probs[:, :GAMMA] + 0.5 * draft_probs  # drafts often accepted
+    drafts = sample_drafts(draft_probs, 3)
+    rows = [torch.tensor([r]) for r in range(ROWS)]
+    together = verifier.verify(drafts, draft_probs, target_probs, RowGenerators(
+        [(torch.Generator().manual_seed(70 + r), idx) for r, idx in enumerate(rows)], ROWS))
+    for r in range(ROWS):
+        alone = verifier.verify(drafts[r:r + 1], draft_probs[r:r + 1], target_probs[r:r + 1],
+                                torch.Generator().manual_seed(70 + r))
+        assert torch.equal(together.tokens[r:r + 1], alone.tokens), r
+        assert torch.equal(together.groups[r:r + 1], alone.groups), r
+    assert int((together.num_accepted < GAMMA).sum()) > 0  # the residual draws ran
 
 
 def test_thinning_pcg_draws_per_trial_and_row_generators_check_shapes():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from acceptance_support import ALPHA, chi2_pvalue, perturbed
 from pcgtts.engine.acceptance import make_rule
-from pcgtts.engine.acceptance.sampling import BLOCK, sample_rows, sample_segments, uniform
+from pcgtts.engine.acceptance.sampling import BLOCK, SINGLE_PASS_MAX_V, sample_rows, sample_segments, uniform
 
 
 def sparse_dist(vocab: int, seed: int) -> torch.Tensor:
@@ -17,7 +17,11 @@ def sparse_dist(vocab: int, seed: int) -> torch.Tensor:
     return w / w.sum()
 
 
-@pytest.mark.parametrize("vocab", [8 * BLOCK + 113])  # full blocks and a ragged tail
+# full blocks and a ragged tail, searched in one pass and in two levels (beyond SINGLE_PASS_MAX_V)
+VOCABS = [8 * BLOCK + 113, SINGLE_PASS_MAX_V + 3 * BLOCK + 113]
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
 def test_sample_rows_matches_the_distribution(vocab):
     probs = sparse_dist(vocab, vocab)
     rows, draws = 8, 2500  # 8 calls x 8 rows x 2,500 draws ([R, T] form) = 160k draws
@@ -39,11 +43,12 @@ def test_sample_rows_matches_the_distribution(vocab):
     assert one_each.shape == (rows,) and bool((probs[one_each] > 0).all())
 
 
-def test_sample_rows_is_the_plain_inverse_cdf():
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_sample_rows_is_the_plain_inverse_cdf(vocab):
     """Whole zero blocks, a ragged tail and extreme uniforms: never a zero-probability token, and the same
     token as a one-level float64 inverse CDF for the same uniform (the engine's draws are seeded by u)."""
     gen = torch.Generator().manual_seed(0)
-    v = 8 * BLOCK + 37
+    v = vocab
     probs = torch.rand(v, generator=gen) ** 4
     probs[torch.randperm(v, generator=gen)[:v // 3]] = 0  # zero-probability tokens, whole runs of them
     probs[BLOCK:BLOCK + 300] = 0
@@ -53,7 +58,7 @@ def test_sample_rows_is_the_plain_inverse_cdf():
     u[:3] = torch.tensor([0.0, 1 - 1e-16, 0.5], dtype=torch.float64)
     draws = torch.cat([sample_rows(probs.expand(len(c), v), None, c) for c in u.split(5000)])
     assert bool((probs[draws] > 0).all())
-    assert chi2_pvalue(draws, probs.double()) > ALPHA
+    assert chi2_pvalue(draws, probs.double() / probs.double().sum()) > ALPHA
     cdf = probs.double().cumsum(0)
     plain = torch.searchsorted(cdf, (u[:1000] * cdf[-1])[:, None], right=True)[:, 0]
     assert (draws[:1000] == plain).float().mean() > 0.99
@@ -79,3 +84,29 @@ def test_exact_rule_over_a_multi_block_vocabulary():
     drafts = torch.multinomial(p.float(), rows, replacement=True, generator=gen).view(rows, 1)
     verdict = make_rule("exact").verify(drafts, draft_probs, target_probs, gen)
     assert chi2_pvalue(verdict.tokens[:, 0], q) > ALPHA
+
+
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_a_rows_draws_do_not_depend_on_how_many_rows_share_the_call(vocab):
+    """The same weights and uniforms give a row the same tokens alone and among any number of rows: the
+    search (one pass or two levels, which round differently) is chosen by the row length alone (it was
+    chosen by rows x length, so eight rows of ~9,000 tokens took the other search than one)."""
+    gen = torch.Generator().manual_seed(4)
+    weights = torch.rand(8, vocab, generator=gen) ** 3
+    u = torch.rand(8, 2_000, generator=gen, dtype=torch.float64)
+    alone = sample_rows(weights[:1], None, u[:1])
+    for rows in (2, 8):
+        assert torch.equal(sample_rows(weights[:rows], None, u[:rows])[:1], alone), rows
+
+
+def test_a_segments_draw_does_not_depend_on_the_other_segments():
+    gen = torch.Generator().manual_seed(5)
+    sizes = torch.randint(1, 40, (30,), generator=gen)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.long), sizes.cumsum(0)])
+    weights = torch.rand(int(indptr[-1]), generator=gen, dtype=torch.float64) * 1e3
+    u = torch.rand(30, generator=gen, dtype=torch.float64)
+    together = sample_segments(weights, indptr, None, u)
+    for r in range(30):
+        lo, hi = int(indptr[r]), int(indptr[r + 1])
+        alone = sample_segments(weights[lo:hi], torch.tensor([0, hi - lo]), None, u[r:r + 1])
+        assert int(together[r]) - lo == int(alone[0]), r

@@ -222,3 +222,41 @@ def test_per_request_asg_table(models, tmp_path):
     assert rate["everything"] == 1.0 and rate["singletons"] < 0.95
     with pytest.raises(ValueError, match="no ASG table named"):
         engine.generate([PROMPT], replace(SETTINGS["topp"], asg_table="missing"))
+
+
+@pytest.mark.parametrize("vocab", [1200, 20_000], ids=["compiled-draws", "torch-draws"])
+def test_a_rows_probabilities_and_draws_do_not_depend_on_its_batch_mates_settings(vocab):
+    """A plain temperature row (the seeded request) gets the same draft probabilities, draw and verify
+    probabilities alone and beside rows with top-k, top-p, greedy or a repetition penalty. A batch-wide
+    switch used to send it through other ops than alone (the compiled softmax-and-draw loop or the torch
+    ops, which round differently), and a top-p batch mate used to cut its far tail, where the cumulative
+    sum rounds up to 1 before the last token."""
+    from pcgtts.engine.ops import Ops
+    from pcgtts.engine.sampling import BatchSampler
+    from pcgtts.engine.sequence import Sequence
+
+    gen = torch.Generator().manual_seed(9)
+    logits = 3 * torch.randn(5, 4, vocab, generator=gen)
+    logits[:, :, vocab // 2:] -= 40  # a far tail of tiny probabilities
+    drafts = torch.randint(0, vocab, (5, 3), generator=gen)
+    probe = SamplingParams(temperature=0.8, seed=5)
+    mates = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.1, top_p=0.9),
+             SamplingParams(temperature=0), SamplingParams(temperature=0.9, repetition_penalty=1.3)]
+
+    def run(params: list[SamplingParams], rows: list[int], place: int):
+        seqs = [Sequence(request_id=str(i), prompt_len=3, token_ids=[1, 2, 3], params=p, arrival=i,
+                         generator=torch.Generator().manual_seed(100 + rows[i] if p.seed is None else p.seed))
+                for i, p in enumerate(params)]
+        sampler = BatchSampler(seqs, vocab, torch.device("cpu"), torch.Generator().manual_seed(0),
+                               Ops.choose("cpu", vocab))
+        draft_probs, token = sampler.probs_and_draw(logits[rows, :1], drafts[rows], offset=0)
+        verify = sampler.probs(logits[rows], drafts[rows], offset=0)
+        return draft_probs[place], token[place], verify[place]
+
+    alone = run([probe], [0], 0)
+    for place in (0, 2, 4):
+        params = mates[:place] + [probe] + mates[place:]
+        rows = list(range(1, place + 1)) + [0] + list(range(place + 1, 5))
+        got = run(params, rows, place)
+        assert all(torch.equal(a, b) for a, b in zip(got, alone, strict=True)), place
+    assert bool((alone[2][:, vocab // 2:] > 0).any())  # the tail is there to be cut

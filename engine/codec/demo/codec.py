@@ -20,7 +20,7 @@ import torch
 from pcgtts.engine.codec.base import Codec, StreamingDecoder
 from pcgtts.engine.codec.demo.decoder import CentroidLookup, CodeToMel
 from pcgtts.engine.codec.demo.features import LOG_FLOOR, MelSpec
-from pcgtts.engine.codec.demo.griffinlim import BlockGLConfig, BlockGriffinLim, batched_by, synthesize_blocks
+from pcgtts.engine.codec.demo.griffinlim import BlockGLConfig, BlockGriffinLim, synthesize_blocks
 from safetensors.torch import load_file
 
 
@@ -112,21 +112,23 @@ class DemoMelCodec(Codec):
 
     def _block_mels(self, streams: list[DemoStreamingDecoder]) -> list[torch.Tensor]:
         """Each stream's next block span of decoded log-mel [hi - lo, n_mels]; the conv decoder sees its
-        `context` frames either side, and runs once per window length."""
-        ctx = self.decoder.context
-        windows = []
-        for s in streams:
-            total = len(s.codes)
-            lo, hi = s.synth.span(total)
-            clo, chi = max(0, lo - ctx), min(total, hi + self.right_context(s.synth.next_block))
-            windows.append((np.asarray(s.codes[clo:chi], dtype=np.int64), lo - clo, hi - lo))
-
-        def run(group: list[tuple[np.ndarray, int, int]]) -> list[torch.Tensor]:
+        `context` frames either side. One window per decoder call: its convolutions round a window
+        differently in batches of different sizes (on the build machines the 1x1 ones for fewer than 16
+        windows, the wider ones for one), and a stream's audio must not depend on which others share the
+        codec's call; the Griffin-Lim after it stays batched."""
+        mels = []
+        for codes, skip, n in map(self.block_window, streams):
             with torch.no_grad():
-                mel = self.decoder(torch.as_tensor(np.stack([w[0] for w in group])))  # [G, window, n_mels]
-            return [m[skip: skip + n] for m, (_, skip, n) in zip(mel, group, strict=True)]
+                mels.append(self.decoder(torch.as_tensor(codes)[None])[0, skip: skip + n])
+        return mels
 
-        return batched_by(lambda w: len(w[0]), windows, run)
+    def block_window(self, stream: DemoStreamingDecoder) -> tuple[np.ndarray, int, int]:
+        """(the codes the conv decoder reads for the stream's next block [window], offset of the block's
+        span in them, its frames): the span with `context` frames either side, as far as they exist."""
+        total, synth = len(stream.codes), stream.synth
+        lo, hi = synth.span(total)
+        clo, chi = max(0, lo - self.decoder.context), min(total, hi + self.right_context(synth.next_block))
+        return np.asarray(stream.codes[clo:chi], dtype=np.int64), lo - clo, hi - lo
 
     def synthesize(self, log_mel: torch.Tensor) -> np.ndarray:
         """Griffin-Lim of any log-mel [frames, n_mels] (e.g. unquantised features) with the same blocks."""

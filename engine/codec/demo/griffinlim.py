@@ -11,7 +11,9 @@ The block sizes ramp up: the first block is `first_block` frames and each next o
 blocks are long enough to amortise their context frames.
 
 Blocks of several utterances with the same frame count run as one batched Griffin-Lim
-(`synthesize_blocks`); one utterance's block is the batch of one, so results do not depend on batching.
+(`synthesize_blocks`); one utterance's block is the batch of one, and every op computes a block's numbers
+alike in a batch of any size (the STFTs transform each block on its own; `unit_phase` normalises block by
+block), so the samples do not depend on batching, bit for bit.
 
 Synthesis runs at half the analysis hop (log-mel frames are interpolated to 100 frames/s) for a denser
 overlap, which Griffin-Lim needs for clean phase.
@@ -97,10 +99,19 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
         audio = torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length)
         rebuilt = torch.stft(audio, n_fft, hop, window=window, center=True, pad_mode=pad_mode,
                              return_complex=True)[..., :-1]
-        phase = rebuilt - coef * prev
+        phase = unit_phase(rebuilt - coef * prev)
         prev = rebuilt
-        phase = torch.sgn(phase)  # x / |x| in one op, instead of dividing by abs()
     return torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length), phase
+
+
+def unit_phase(z: torch.Tensor) -> torch.Tensor:
+    """z / |z| (0 where z is 0) of complex z [B, F, n], one block at a time: `torch.sgn` (one op, where
+    dividing by abs() is several) rounds the last few elements of its input by another code path, so over
+    a flat batch the last block's numbers would depend on how many blocks share the call."""
+    out = torch.empty_like(z)
+    for b in range(z.shape[0]):
+        torch.sgn(z[b], out=out[b])
+    return out
 
 
 @dataclass
