@@ -83,7 +83,7 @@ system-deps:
 serve: install
 	$(VENV)/bin/pcgtts serve
 
-test: install install-xcodec2 check-deploy
+test: install install-xcodec2 install-vllm check-deploy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -ra
 

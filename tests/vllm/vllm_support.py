@@ -30,7 +30,7 @@ def offline_llm(target: Path, draft: Path, gamma: int, settings: dict, **kw):
     from vllm import LLM
 
     return LLM(model=str(target), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-               gpu_memory_utilization=0.04, max_model_len=256, seed=0, disable_log_stats=False,
+               kv_cache_memory_bytes=64 << 20, max_model_len=256, seed=0, disable_log_stats=False,
                speculative_config={"model": str(draft), "method": "draft_model",
                                    "num_speculative_tokens": gamma, "draft_sample_method": "probabilistic"},
                additional_config={"pcgtts": settings}, **kw)
