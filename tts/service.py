@@ -51,6 +51,10 @@ class TTSConfig:
     draft_dir: str | Path | None = None  # overrides the bundle's draft
     semantic_model: str | Path | None = None  # X-codec2's w2v-bert-2.0 directory (encoding voice clips)
     device: str = EngineConfig.device
+    # Which engine decodes: "builtin" (engine/, every device, the default) or "vllm" (vLLM's AsyncLLM with
+    # our rules in its sampler, engine/vllm/: for GPUs; `make install-vllm`). The service drives both
+    # through one streaming interface (`stream`, `abort`, `metrics`, `fault`, `shutdown`).
+    engine: str = "builtin"
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
     # "auto": the engine speculates on a step only when that measured faster at its batch size;
@@ -71,6 +75,28 @@ class TTSConfig:
     initial_codec_chunk_frames: int | None = None
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
+
+
+ENGINES = ("builtin", "vllm")
+
+
+def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechFamily):
+    """vLLM behind the service, for a family whose decode constraint vLLM can apply (a fixed token set, as
+    allowed_token_ids); a constraint that depends on the tokens before each position (the demo family's
+    marker merge) would have to run inside vLLM's verification for target and draft alike, which vLLM 0.32
+    has no place for, so such a family is refused here with the reason."""
+    from pcgtts.engine.vllm.engine import VllmEngine, VllmOptions
+
+    try:
+        probe = family.build_prompt("hello", None)
+    except ValueError:
+        probe = None
+    constraint = probe.constraint if probe is not None else None
+    if constraint is not None and constraint.allowed_token_ids is None:
+        raise ValueError(f"the {family.name} family constrains each position by the tokens before it "
+                         f"({type(constraint).__name__}), which vLLM cannot apply inside its verification; "
+                         "serve it with --engine builtin (the vLLM engine serves Llasa-style families)")
+    return VllmEngine(engine_config, VllmOptions(allowed_token_ids=family.speech_token_ids()))
 
 
 # The engine's own snapshot (gauges and cumulative counters), re-exported so the server imports only the
@@ -114,6 +140,8 @@ class TTSService:
         """Blocking: loads family, codec, presets and the engine (seconds for the embedded model)."""
         from pcgtts.engine.async_engine import AsyncEngine
 
+        if config.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {config.engine!r}")
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
                                       draft_dir=config.draft_dir)
         family = bundle.load_family()
@@ -138,7 +166,8 @@ class TTSService:
             compile_cache_dir=config.compile_cache_dir,
             kv_mirror_bytes=config.kv_mirror_mb << 20,
         )
-        engine = AsyncEngine(engine_config)
+        engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
+            _vllm_engine(config, engine_config, family)
         service = cls(config, bundle, family, codec, engine, {})
         service._presets = service._load_presets()
         service._pin_presets()
@@ -222,8 +251,14 @@ class TTSService:
         return VoicePrompt(codes=codes, transcript=transcript)
 
     # -- synthesis
+    @property
+    def engine_name(self) -> str:
+        """Which engine decodes ("builtin" or "vllm")."""
+        return getattr(self.engine, "name", "builtin")
+
     def capabilities(self) -> dict:
         return {
+            "engine": self.engine_name,
             "sample_rate": self.sample_rate,
             "acceptance": self.engine_acceptance,
             "acceptance_rules": self.acceptance_rules,
@@ -280,6 +315,11 @@ class TTSService:
             raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
                                  f"{self.acceptance_rules}.", "acceptance")
         gamma = options.num_speculative_tokens
+        if gamma is not None and gamma != self.engine_gamma and not getattr(self.engine, "per_request_gamma",
+                                                                             True):
+            raise InvalidOptions(f"num_speculative_tokens is fixed at {self.engine_gamma} on the "
+                                 f"{self.engine_name} engine (it verifies the same γ for every request).",
+                                 "num_speculative_tokens")
         if gamma is not None and not (gamma == self.engine_gamma or 1 <= gamma <= self.engine_gamma):
             raise InvalidOptions(f"num_speculative_tokens must lie in 1..{self.engine_gamma}, the engine's γ "
                                  "(the draft proposes that many; a request may verify fewer).",

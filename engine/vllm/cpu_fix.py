@@ -42,6 +42,6 @@ def install() -> bool:
 
         if KERNEL in getattr(dispatcher, "_registry", {}):  # overrides already registered in this process
             dispatcher.register_kernels({KERNEL: expand})
-        log.info("pcgtts: replaced vLLM's CPU expand-kernel fallback (it never wrote float outputs, so "
+        log.warning("pcgtts: replaced vLLM's CPU expand-kernel fallback (it never wrote float outputs, so "
                  "speculative sampling at temperature > 0 used uninitialised temperatures)")
     return True
