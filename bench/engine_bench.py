@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Python of the environment vLLM is installed in (default: this one, after "
                         "make install-vllm); vLLM's rows are skipped, with the reason, where it has none")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager")
+    parser.add_argument("--vllm-rounds", type=int, choices=(0, 1, 2), default=2,
+                        help="vLLM runs before and after our runners (2, cancels a steady drift), once "
+                        "before them (1: a time-boxed GPU check), or not at all (0)")
     parser.add_argument("--out", type=Path, help="write engine.json here")
 
 
@@ -162,13 +165,15 @@ def run_vllm_round(args, job: dict) -> dict | str:
     import subprocess
 
     python = args.vllm_python
+    env = dict(os.environ)
+    if getattr(args, "device", "cpu").startswith("cuda"):
+        job = {**job, "dtype": "bfloat16" if args.dtype == "auto" else args.dtype, "memory": 0.6}
     if python is None or not Path(python).exists():
         return f"no Python at {python}; not measured"
     has_vllm = "import importlib.util as u; print(bool(u.find_spec('vllm')))"
     probe = subprocess.run([str(python), "-c", has_vllm], capture_output=True, text=True)
     if probe.stdout.strip() != "True":
         return f"vLLM is not installed for {python} (make install-vllm); not measured"
-    env = dict(os.environ)
     if args.threads:  # the same torch thread count as our runners
         env["OMP_NUM_THREADS"] = str(args.threads)
     done = subprocess.run([str(python), str(VLLM_PEER_SCRIPT)], input=json.dumps(job), capture_output=True,
@@ -474,11 +479,13 @@ def main(args) -> int:
         print(setup.description)
         prompts_by_batch = prompt_sets(args, setup)
         job = vllm_job(args, setup, prompts_by_batch)
-        before = run_vllm_round(args, job)
+        rounds = getattr(args, "vllm_rounds", 2)
+        before = run_vllm_round(args, job) if rounds else None
         rows = run_bench(args, setup, prompts_by_batch)
-        # a second round only if the first ran (a missing environment is reported once)
-        rounds = [before] if isinstance(before, str) else [before, run_vllm_round(args, job)]
-        rows += with_speedups(vllm_rows(args, setup, job, rounds), rows)
+        if before is not None:
+            # a second round only if the first ran (a missing environment is reported once)
+            done = [before] if isinstance(before, str) or rounds == 1 else [before, run_vllm_round(args, job)]
+            rows += with_speedups(vllm_rows(args, setup, job, done), rows)
     print(format_rows(rows))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
