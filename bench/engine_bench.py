@@ -168,6 +168,8 @@ def run_vllm_round(args, job: dict) -> dict | str:
     env = dict(os.environ)
     if getattr(args, "device", "cpu").startswith("cuda"):
         job = {**job, "dtype": "bfloat16" if args.dtype == "auto" else args.dtype, "memory": 0.6}
+    else:
+        job = {**job, "kv_cache_bytes": 512 << 20}
     if python is None or not Path(python).exists():
         return f"no Python at {python}; not measured"
     has_vllm = "import importlib.util as u; print(bool(u.find_spec('vllm')))"
@@ -179,8 +181,10 @@ def run_vllm_round(args, job: dict) -> dict | str:
     done = subprocess.run([str(python), str(VLLM_PEER_SCRIPT)], input=json.dumps(job), capture_output=True,
                           text=True, env=env, timeout=3600)
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return f"vLLM peer failed (exit {done.returncode}): {' | '.join(tail)}"
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        causes = [line.split("] ", 1)[-1] for line in lines if "Error:" in line or "memory" in line.lower()]
+        why = " | ".join(dict.fromkeys(causes[-3:] or lines[-3:]))
+        return f"vLLM peer failed (exit {done.returncode}): {why}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -7,7 +7,7 @@ with our rules where `additional_config["pcgtts"]` asks for them.
 
 Job: {"target": dir, "draft": dir | null, "asg_table": file | null, "gamma": int, "prompts": {batch: [[ids]]},
       "max_tokens": int, "temperature": float, "top_p": float, "repeats": int, "eager": bool,
-      "dtype": str (default float32), "memory": share of host RAM (CPU) or GPU memory for vLLM (0.3)}
+      "dtype": str (default float32), "kv_cache_bytes": int (CPU), or "memory": the device memory share (0.3)}
 Result: {"rows": [{"mode", "batch", "tokens", "times_s", "cpu_s", "samples" (the last repeat's token ids per
          prompt), "acceptance_rate", "mean_accepted_len"}], "version", "plugin"}
 Modes: vllm (target only); with a draft vllm-exact (vLLM's draft-model speculation verified by its standard
@@ -47,8 +47,11 @@ def run(job: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     longest = max(len(p) for ps in job["prompts"].values() for p in ps)
-    common = dict(skip_tokenizer_init=True, dtype=job.get("dtype", "float32"),
-                  gpu_memory_utilization=job.get("memory", 0.3),
+    # KV cache: a fixed size where the job gives one (CPU: a share of host RAM fails when other processes
+    # hold it), else a share of the device's memory
+    memory = {"kv_cache_memory_bytes": job["kv_cache_bytes"]} if job.get("kv_cache_bytes") else \
+        {"gpu_memory_utilization": job.get("memory", 0.3)}
+    common = dict(skip_tokenizer_init=True, dtype=job.get("dtype", "float32"), **memory,
                   max_model_len=longest + job["max_tokens"] + 2 * job["gamma"] + 16,
                   enforce_eager=job.get("eager", False), seed=0, disable_log_stats=False)
     params = SamplingParams(temperature=job["temperature"], top_p=job["top_p"], max_tokens=job["max_tokens"],

@@ -2,7 +2,7 @@
 (`vllm/utils/cpu_triton_utils.py: _expand_kernel_impl`) converts the output tensor to int64 before handing it
 to the C++ kernel, so a float32 output (the per-token temperatures, top-p of speculative sampling) is a
 temporary copy and the real output is never written: speculation at temperature > 0 then divides the target's
-logits by uninitialised memory (shared/notes: 78-89% of tokens had target probability < 1e-4). Greedy decoding
+logits by uninitialised memory (most sampled tokens then have target probability < 1e-4). Greedy decoding
 is unaffected. The plugin swaps in `expand`, which writes every dtype, before the CPU platform registers its
 kernel overrides (vllm/v1/worker/worker_base.py loads plugins first)."""
 

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from pcgtts.engine.acceptance import RuleCache
 from pcgtts.engine.async_engine import TokenDelta
-from pcgtts.engine.config import EngineConfig, SamplingParams
-from pcgtts.engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed, RequestTooLong
+from pcgtts.engine.config import EngineConfig, SamplingParams, check_prompt
+from pcgtts.engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
 from pcgtts.engine.metrics import EngineMetrics
 from pcgtts.engine.vllm.settings import VerifySettings, request_extra_args
 from pcgtts.engine.vllm.stats import VllmCounters, stat_logger_factory
@@ -138,14 +138,7 @@ class VllmEngine:
     # ---- the streaming interface ------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         params.check()
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
-        if len(prompt_ids) >= self.max_model_len:
-            raise RequestTooLong(f"prompt of {len(prompt_ids)} tokens; vLLM holds at most "
-                                 f"{self.max_model_len} tokens per sequence")
+        prompt_ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         if self.num_speculative_tokens:
             self._rules.check(params.acceptance, params.asg_table)
         if params.num_speculative_tokens not in (None, self.num_speculative_tokens):

@@ -6,22 +6,16 @@ Locally the tests skip without vLLM (`make install-vllm`); where PCGTTS_REQUIRE_
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
-import pytest
+from system_support import require_package
 
 # vLLM's CPU attention takes head sizes of 32 and up: hidden 64 over 2 heads.
 TINY = {"hidden": 64, "heads": 2, "kv_heads": 1, "intermediate": 128}
 
 
 def require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        message = "vLLM is not installed (make install-vllm)"
-        if os.environ.get("PCGTTS_REQUIRE_SYSTEM_TESTS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_package("vllm", "vLLM", "make install-vllm")
 
 
 def offline_llm(target: Path, draft: Path, gamma: int, settings: dict, **kw):
