@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -112,8 +111,6 @@ class VllmEngine:
 
     def __init__(self, config: EngineConfig, options: VllmOptions | None = None):
         self.dist, self.version = check_vllm()
-        # The plugin patches the V1 model runner (the CPU build's, and CUDA's unless V2 is chosen).
-        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.config = config

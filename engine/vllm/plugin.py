@@ -7,7 +7,8 @@ runner. It
   2. mends the CPU build's expand-kernel fallback (cpu_fix.py) and logs that it did;
   3. wraps vLLM's module-level `rejection_sample` (vllm/v1/sample/rejection_sampler.py; the sampler's
      `forward` looks it up at each call) so that rows whose rule is ours verify through verify.py;
-  4. wraps the model runner's constructor, which builds the worker's `FlatVerifier` from the deployment's
+  4. keeps deployments with pcgtts settings on vLLM's V1 model runner (the one it patches), and wraps that
+     runner's constructor, which builds the worker's `FlatVerifier` from the deployment's
      `additional_config["pcgtts"]` (nothing happens without it: plain vLLM deployments are untouched), and
      its sampling step, which reads each running request's choice from `SamplingParams.extra_args` (vLLM
      hands the sampler no per-request fields of its own; custom logits processors, the usual carrier, are
@@ -57,7 +58,25 @@ def register() -> None:
         return sample_step(self, logits, spec_decode_metadata)
 
     runner.__init__, runner._sample = __init__, _sample
+    _keep_v1_runner()
     log.debug("pcgtts vLLM plugin registered on %s %s", dist, version)
+
+
+def _keep_v1_runner() -> None:
+    """Deployments with pcgtts settings run vLLM's V1 model runner, the one patched above (the CPU build's,
+    and CUDA's unless vLLM picks its V2 runner, whose sampler is another class); others choose as vLLM
+    does."""
+    from pcgtts.engine.vllm.settings import KEY
+    from vllm.config.vllm import VllmConfig
+
+    choose = VllmConfig.use_v2_model_runner.fget
+
+    def use_v2_model_runner(self) -> bool:
+        if KEY in (self.additional_config or {}):
+            return False
+        return choose(self)
+
+    VllmConfig.use_v2_model_runner = property(use_v2_model_runner)
 
 
 def _choice(state) -> tuple[str | None, str | None]:

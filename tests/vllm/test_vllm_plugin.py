@@ -43,3 +43,18 @@ def test_expand_writes_every_dtype(dtype):
     out = torch.full((6,), -7).to(dtype)
     expand(out, values, cu, 0, 1)  # replace 0 by 1, as vLLM does for greedy temperatures
     assert torch.equal(out, torch.tensor([3, 3, 1, 5, 5, 5]).to(dtype))
+
+
+def test_deployments_with_pcgtts_settings_stay_on_the_runner_the_plugin_patches():
+    """vLLM may pick its V2 model runner (another sampler class) on CUDA; with pcgtts settings it must not."""
+    from types import SimpleNamespace
+
+    from vllm_support import require_vllm
+
+    require_vllm()
+    from pcgtts.engine.vllm.plugin import register
+    from vllm.config.vllm import VllmConfig
+
+    register()
+    choose = VllmConfig.use_v2_model_runner.fget
+    assert choose(SimpleNamespace(additional_config={"pcgtts": {"acceptance": "pcg"}})) is False
