@@ -64,11 +64,12 @@ def neighbours_from_table(table: ASGTable, k: int) -> NeighbourIndex:
     start = int(table.meta.get("offset", 0))
     n = int(table.meta.get("num_tokens", table.vocab_size - start))
     tokens = torch.arange(start, start + n, device=table.device)
+    index = table.index()
     if table.seed_group is not None:
         groups = table.seed_group.long()[tokens]
     else:
-        groups = table._t_groups[table._t_indptr[tokens]]
-    seg, members = gather_segments(table._g_indptr, table._g_members, groups)
+        groups = index.token_groups[index.token_indptr[tokens]]
+    seg, members = gather_segments(index.group_indptr, index.group_members, groups)
     keep = members != tokens[seg]
     seg, members = seg[keep], members[keep]
     # rank of each kept member within its token's list

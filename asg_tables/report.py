@@ -17,7 +17,8 @@ def speech_range(table: ASGTable) -> tuple[int, int]:
 def speech_group_ids(table: ASGTable) -> torch.Tensor:
     """Groups holding at least one token of the speech range."""
     start, end = speech_range(table)
-    return torch.unique(table._t_groups[table._t_indptr[start] : table._t_indptr[end]])
+    index = table.index()
+    return torch.unique(index.token_groups[index.token_indptr[start] : index.token_indptr[end]])
 
 
 def histogram(values: torch.Tensor) -> dict[str, int]:
@@ -45,7 +46,7 @@ def table_stats(table: ASGTable) -> dict:
     # a token is covered when some group holding it has another member
     token_of_entry = torch.repeat_interleave(torch.arange(table.vocab_size), table.num_owners)
     largest = torch.zeros(table.vocab_size, dtype=torch.long).scatter_reduce_(
-        0, token_of_entry, table.group_sizes()[table._t_groups], reduce="amax"
+        0, token_of_entry, table.group_sizes()[table.index().token_groups], reduce="amax"
     )
     covered = largest[start:end] > 1
     return {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from pcgtts.asg_tables.csr import gather_segments, lengths_to_indptr, transpose
@@ -22,6 +23,16 @@ from safetensors.torch import save_file
 
 FORMAT = "pcgtts-asg/1"
 _TENSORS = ("group_indptr", "group_members", "token_indptr", "token_groups")
+
+
+class TableIndex(NamedTuple):
+    """A table's two CSR indexes as Long tensors: group k's members are
+    group_members[group_indptr[k]:group_indptr[k+1]], token t's groups token_groups[token_indptr[t]:...]."""
+
+    group_indptr: torch.Tensor  # Long[M+1]
+    group_members: torch.Tensor  # Long[nnz]
+    token_indptr: torch.Tensor  # Long[V+1]
+    token_groups: torch.Tensor  # Long[nnz]
 
 
 class ASGTable:
@@ -98,6 +109,10 @@ class ASGTable:
 
     def groups_of(self, t: int) -> torch.Tensor:
         return self._t_groups[self._t_indptr[t] : self._t_indptr[t + 1]]
+
+    def index(self) -> TableIndex:
+        """Both CSR indexes as Long tensors on the table's device (what a loop over the groups reads)."""
+        return TableIndex(self._g_indptr, self._g_members, self._t_indptr, self._t_groups)
 
     def group_sizes(self) -> torch.Tensor:  # Long[M]
         return self._g_indptr[1:] - self._g_indptr[:-1]

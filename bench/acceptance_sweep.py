@@ -23,28 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.bench.common import SENTENCES, DecodeTally, machine, speech_requests, write_json
+from pcgtts.engine import Engine, EngineConfig
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
-
-# Held-out style sentences (not from the training corpus's sources): plain, varied, 4-12 words.
-SENTENCES = [
-    "The little boat drifted slowly toward the northern shore.",
-    "Please bring three apples and a loaf of bread.",
-    "My brother plays the violin every Sunday evening.",
-    "The museum opens at nine and closes at five.",
-    "A cold wind blew across the empty parking lot.",
-    "She painted the kitchen a bright shade of yellow.",
-    "We should leave early to avoid the heavy traffic.",
-    "The old clock in the hallway stopped at midnight.",
-    "He forgot his umbrella on the crowded train.",
-    "Fresh snow covered the mountain road this morning.",
-    "Our teacher read a story about a clever fox.",
-    "The garden needs water after such a dry week.",
-    "They counted the stars until the clouds rolled in.",
-    "A quiet voice answered from behind the door.",
-    "The bakery on the corner sells warm pretzels.",
-    "Turn left at the bridge and follow the river.",
-]
 
 
 @dataclass
@@ -130,7 +111,7 @@ class TableCache:
         return out
 
 
-def engine_config(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, gamma: int,
+def engine_config(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, num_speculative_tokens: int,
                   device: str) -> EngineConfig:
     spec_decoding = spec.rule != "target-only"
     return EngineConfig(
@@ -139,32 +120,29 @@ def engine_config(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, gamma
         acceptance=spec.rule if spec_decoding else "exact",
         acceptance_params=dict(spec.params),
         asg_table=tables.path(spec.theta) if spec.theta is not None else None,
-        num_speculative_tokens=gamma if spec_decoding else 0,
+        num_speculative_tokens=num_speculative_tokens if spec_decoding else 0,
         device=device,
     )
 
 
-def run_spec(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, prompts, params, gamma: int,
-             device: str) -> tuple[dict, list[list[int]]]:
-    engine = Engine(engine_config(bundle, spec, tables, gamma, device))
+def run_spec(bundle: ModelBundle, spec: RuleSpec, tables: TableCache, prompts, params,
+             num_speculative_tokens: int, device: str) -> tuple[dict, list[list[int]]]:
+    engine = Engine(engine_config(bundle, spec, tables, num_speculative_tokens, device))
     engine.generate(prompts[:1], [params[0]])  # warm-up: first-call allocations stay out of the timing
     start = time.perf_counter()
     gens = engine.generate(prompts, params)
     wall = time.perf_counter() - start
-    tokens = sum(len(g.token_ids) for g in gens)
-    drafted = sum(g.num_drafted for g in gens)
-    accepted = sum(g.num_accepted for g in gens)
-    steps = sum(g.num_steps for g in gens)
+    tally = DecodeTally.of(gens)
     row = {
         "label": spec.label,
         "rule": spec.rule,
         "params": {**spec.params, **({"theta": spec.theta} if spec.theta is not None else {})},
-        "gamma": gamma if spec.rule != "target-only" else 0,
+        "num_speculative_tokens": num_speculative_tokens if spec.rule != "target-only" else 0,
         "wall_s": wall,
-        "generated_tokens": tokens,
-        "tokens_per_s": tokens / wall,
-        "acceptance_rate": accepted / drafted if drafted else None,
-        "mean_accepted_len": tokens / steps if steps else None,  # tokens emitted per target forward
+        "tokens": tally.tokens,
+        "tokens_per_s": tally.tokens / wall,
+        "acceptance_rate": tally.acceptance_rate,
+        "mean_accepted_len": tally.mean_accepted_len,
         "ended_by_itself": sum(g.finish_reason == "stop" for g in gens) / len(gens),
     }
     return row, [g.token_ids for g in gens]
@@ -186,21 +164,13 @@ def measure_quality(bundle: ModelBundle, texts: list[str], outputs: list[list[in
     return quality
 
 
-def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, temperature: float = 0.8,
+def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, num_speculative_tokens: int = 3,
+              temperature: float = 0.8,
               seed: int = 0, device: str = "cpu", with_asr: bool = True, max_tokens: int = 800,
               rules: set[str] | None = None) -> list[dict]:
     bundle = ModelBundle.from_dir(model_dir)
-    family = bundle.load_family()
     texts = SENTENCES[:6] if quick else SENTENCES
-    presets = family.preset_voices()  # Llasa checkpoints have none: prompts without a voice
-    voices = sorted(presets)
-    prompts, params = [], []
-    for i, text in enumerate(texts):
-        prompt = family.build_prompt(text, presets[voices[i % len(voices)]] if voices else None)
-        prompts.append(prompt.token_ids)
-        params.append(SamplingParams(temperature=temperature, top_k=0, top_p=1.0, max_tokens=max_tokens,
-                                     stop_token_ids=prompt.stop_token_ids, seed=seed + i,
-                                     constraint=prompt.constraint))
+    prompts, params = speech_requests(bundle, len(texts), temperature, max_tokens, seed)
     transcribe = None
     if with_asr:
         from pcgtts.bench.quality import load_transcriber
@@ -216,7 +186,7 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
                  if rules is None or s.rule in rules or s.rule == "target-only"]
         for spec in specs:
             torch.manual_seed(seed)
-            row, outputs = run_spec(bundle, spec, tables, prompts, params, gamma, device)
+            row, outputs = run_spec(bundle, spec, tables, prompts, params, num_speculative_tokens, device)
             row.update(measure_quality(bundle, texts, outputs, transcribe))
             rows.append(row)
             print(f"{spec.label:>22}: {row['tokens_per_s']:7.1f} tok/s  α={row['acceptance_rate']}  "
@@ -224,10 +194,11 @@ def run_sweep(model_dir: Path, out_dir: Path, *, quick: bool, gamma: int = 3, te
     base = next((r["tokens_per_s"] for r in rows if r["rule"] == "target-only"), None)
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / base if base else None
-    meta = {"model": str(model_dir), "device": device, "gamma": gamma, "temperature": temperature,
-            "num_utterances": len(texts), "threads": torch.get_num_threads()}
-    (out_dir / "acceptance.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out_dir / "acceptance_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    meta = {"model": str(model_dir), "device": device, "num_speculative_tokens": num_speculative_tokens,
+            "temperature": temperature,
+            "num_utterances": len(texts), "machine": machine()}
+    write_json(out_dir / "acceptance.json", rows)
+    write_json(out_dir / "acceptance_meta.json", meta)
     plot(rows, out_dir / "acceptance.png")
     return rows
 
@@ -259,7 +230,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     parser.add_argument("--quick", action="store_true", help="6 utterances, the six main rules")
-    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
@@ -274,9 +245,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "threads", 0):
         torch.set_num_threads(args.threads)
-    rows = run_sweep(args.model, args.out, quick=args.quick, gamma=args.gamma,
-                     temperature=args.temperature, seed=args.seed, device=args.device,
-                     with_asr=not args.no_asr, max_tokens=args.max_tokens,
+    rows = run_sweep(args.model, args.out, quick=args.quick,
+                     num_speculative_tokens=args.num_speculative_tokens, temperature=args.temperature,
+                     seed=args.seed, device=args.device, with_asr=not args.no_asr, max_tokens=args.max_tokens,
                      rules=set(args.rules.split(",")) if args.rules else None)
     print(json.dumps([{k: r[k] for k in ("label", "speedup", "acceptance_rate", "wer")} for r in rows],
                      indent=1))

@@ -13,16 +13,16 @@ repeats of the mean time per verify call, with its ratio to exact's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 from pcgtts.asg_tables import ASGTable
-from pcgtts.bench.step_speed import batched, build_engine, machine, speech_requests
+from pcgtts.bench.common import batched, bundle_engine, machine, speech_requests, write_json
 from pcgtts.engine import Engine
 from pcgtts.engine.acceptance import AcceptanceRule, make_rule
+from pcgtts.engine.ops import TORCH_OPS
 from pcgtts.tts.bundle import ModelBundle
 
 Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft probs, target probs
@@ -31,21 +31,20 @@ Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft pr
 def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
     """The rules `bench acceptance --quick` runs, PCG with the bundle's own table; exact and PCG both as the
     compiled CPU loop (what the engine runs on CPU) and as torch ops (what it runs on CUDA)."""
-    rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", compiled=False),
+    rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", ops=TORCH_OPS),
              "ssd β=0.2": make_rule("ssd", bias=0.2),
              "top-k k=3": make_rule("topk", k=3)}
     if bundle.asg_table is not None:
         table = ASGTable.load(bundle.asg_table)
         name = table.meta.get("name") or f"θ={float(table.meta['theta']):g}"
         rules[f"pcg {name}"] = make_rule("pcg", table=table)
-        rules[f"pcg {name} torch ops"] = make_rule("pcg", table=table, compiled=False)
+        rules[f"pcg {name} torch ops"] = make_rule("pcg", table=table, ops=TORCH_OPS)
     return rules
 
 
-def exact_engine(bundle: ModelBundle, gamma: int = 3) -> Engine:
+def exact_engine(bundle: ModelBundle, num_speculative_tokens: int = 3) -> Engine:
     """The engine whose steps are captured: exact SD, eager, on CPU."""
-    return build_engine(bundle, "exact", "eager", argparse.Namespace(
-        gamma=gamma, device="cpu", dtype="auto", compile_cache_dir=None))
+    return bundle_engine(bundle, "exact", num_speculative_tokens=num_speculative_tokens)
 
 
 def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) -> list[Step]:
@@ -56,7 +55,7 @@ def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) 
     original = decoder._verify
 
     def recording(seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
-        if all(g == decoder.gamma for g in row_gammas):
+        if all(g == decoder.num_speculative_tokens for g in row_gammas):
             kept.append((drafts.clone(), draft_probs.clone(), target_probs.clone()))
         return original(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
 
@@ -87,10 +86,11 @@ def time_rules(rules: dict[str, AcceptanceRule], steps: list[Step], repeats: int
             for name, values in runs.items()}
 
 
-def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int, gamma: int = 3,
+def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int,
+        num_speculative_tokens: int = 3,
         temperature: float = 0.8) -> dict:
     bundle = ModelBundle.from_dir(model)
-    engine = exact_engine(bundle, gamma)
+    engine = exact_engine(bundle, num_speculative_tokens)
     prompts, params = speech_requests(bundle, utterances, temperature, max_tokens)
     rules = bundle_rules(bundle)
     rows = []
@@ -98,9 +98,9 @@ def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, r
         steps = capture_steps(engine, prompts, params, batch_size)
         for name, timing in time_rules(rules, steps, repeats).items():
             rows.append({"batch": batch_size, "rule": name, "steps": len(steps), **timing})
-    return {"machine": machine(), "gamma": gamma, "temperature": temperature, "utterances": utterances,
-            "max_tokens": max_tokens, "repeats": repeats, "vocab_size": engine.target.model.cfg.vocab_size,
-            "rows": rows}
+    return {"machine": machine(), "num_speculative_tokens": num_speculative_tokens,
+            "temperature": temperature, "utterances": utterances, "max_tokens": max_tokens,
+            "repeats": repeats, "vocab_size": engine.target.model.cfg.vocab_size, "rows": rows}
 
 
 def markdown(result: dict) -> str:
@@ -117,7 +117,6 @@ def main(args: argparse.Namespace) -> int:
     result["command"] = (f"pcgtts bench verify --model {args.model} --batch-sizes "
                          f"{' '.join(map(str, args.batch_sizes))} --utterances {args.utterances} "
                          f"--max-tokens {args.max_tokens} --reps {args.reps} --threads {args.threads}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "verify_bundle.json").write_text(json.dumps(result, indent=1))
+    write_json(args.out / "verify_bundle.json", result)
     print(markdown(result))
     return 0

@@ -11,7 +11,6 @@ round-robin within each repeat and the median is reported, so the ratio is taken
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from dataclasses import replace
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pcgtts.bench.common import machine, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> dict:
     codec = _load_codec(args.model)
     rng = np.random.default_rng(0)
     frames = int(args.seconds * codec.frame_rate)
-    report: dict = {"codec": type(codec).__name__, "seconds_per_stream": args.seconds,
-                    "step_codes": args.step_codes, "threads": args.threads, "decode": [], "first_audio": []}
+    report: dict = {"codec": type(codec).__name__, "machine": machine(), "seconds_per_stream": args.seconds,
+                    "step_codes": args.step_codes, "decode": [], "first_audio": []}
     for n in args.streams:
         seqs = [rng.integers(0, codec.codebook_size, size=frames) for _ in range(n)]
         times: dict[str, list[float]] = {"one_by_one": [], "batched": []}
@@ -150,6 +150,5 @@ def run(args: argparse.Namespace) -> dict:
         codec.gl = gl
         if args.ttfa_requests:
             report["service_ttfa"] = _service_ttfa(args.model, args.ttfa_requests)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "codec.json").write_text(json.dumps(report, indent=1))
+    write_json(args.out / "codec.json", report)
     return report

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from pcgtts.bench.rejections import shown_path
+from pcgtts.bench.common import machine, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -47,14 +46,12 @@ def run(model_dir: Path, drafts: list[Path], reps: int, tokens: int, out_dir: Pa
         for name, engine in engines.items():
             times[name].append(per_token_ms(engine, prompt, tokens, rep))
     med = {name: statistics.median(v) for name, v in times.items()}
-    report = {"model": shown_path(model_dir), "tokens": tokens, "reps": reps,
-              "threads": torch.get_num_threads(),
-              "machine": platform.processor() or platform.machine(), "ms_per_token": med,
+    report = {"model": shown_path(model_dir), "tokens": tokens, "reps": reps, "machine": machine(),
+              "ms_per_token": med,
               "c": {name: med[name] / med["target"] for name in med if name != "target"},
               "configs": {name: json.loads((Path(path) / "config.json").read_text()) for name, path in
                           models.items()}}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "draft_cost.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json(out_dir / "draft_cost.json", report)
     return report
 
 

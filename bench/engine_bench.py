@@ -1,8 +1,10 @@
 """Engine throughput: target-only, `exact` and `pcg` speculative decoding at several batch sizes, side by
 side in one run, plus Hugging Face `transformers.generate` on the same target as a reference.
 
+vLLM with pcgtts' plugin (target-only, exact, PCG: bench/vllm_peer.py) runs on the same model and prompts.
+
 Modes run round-robin within each repeat (machines here are noisy) and the median wall time is reported;
-vLLM's CPU build (bench/vllm_peer.py, its own environment) runs once before and once after them.
+vLLM runs in a subprocess once before and once after them.
 Without --target a random pair of the --shape is built in a temporary directory and the report says so:
 `tiny` is a target of 6 layers at d=384 with a 1-layer draft, `llasa-1b` the Llasa-1B shape (16 layers,
 d=2048, GQA 32/8, 193,800 tokens, tied) with a 2-layer draft. The draft shares the target's embeddings,
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pcgtts.bench.common import DecodeTally, machine, write_json
 
 
 @dataclass
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--theta", type=float, help="θ of the ASG table built when none is given "
                         "(default: the shape's)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--gamma", type=int, default=3, help="draft tokens per step (γ)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--max-tokens", type=int, default=128, help="generated tokens per request")
     parser.add_argument("--prompt-len", type=int, default=64, help="random prompts: tokens per prompt")
     parser.add_argument("--speech-prompts", type=Path, metavar="BUNDLE",
@@ -155,7 +158,8 @@ def vllm_job(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]
             "draft": str(Path(setup.draft).resolve()) if setup.draft and "exact" in args.modes else None,
             "asg_table": str(Path(setup.asg_table).resolve()) if setup.asg_table and "pcg" in args.modes
             else None,
-            "gamma": args.gamma, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
             "top_p": args.top_p, "repeats": args.repeats, "eager": args.vllm_eager,
             "prompts": prompts_by_batch}
 
@@ -165,7 +169,6 @@ def run_vllm_round(args, job: dict) -> dict | str:
     import subprocess
 
     python = args.vllm_python
-    env = dict(os.environ)
     if getattr(args, "device", "cpu").startswith("cuda"):
         job = {**job, "dtype": "bfloat16" if args.dtype == "auto" else args.dtype, "memory": 0.6}
     else:
@@ -176,6 +179,7 @@ def run_vllm_round(args, job: dict) -> dict | str:
     probe = subprocess.run([str(python), "-c", has_vllm], capture_output=True, text=True)
     if probe.stdout.strip() != "True":
         return f"vLLM is not installed for {python} (make install-vllm); not measured"
+    env = dict(os.environ)
     if args.threads:  # the same torch thread count as our runners
         env["OMP_NUM_THREADS"] = str(args.threads)
     done = subprocess.run([str(python), str(VLLM_PEER_SCRIPT)], input=json.dumps(job), capture_output=True,
@@ -204,12 +208,13 @@ def vllm_rows(args, setup: BenchSetup, job: dict, rounds: list[dict | str]) -> l
         cpu = [c for part in parts for c in part["cpu_s"]]
         med = statistics.median(times)
         rates = [part["acceptance_rate"] for part in parts if part["acceptance_rate"] is not None]
-        lengths = [part["mean_accepted_len"] for part in parts if part.get("mean_accepted_len") is not None]
+        per_step = [part["tokens_per_verify_step"] for part in parts
+                    if part.get("tokens_per_verify_step") is not None]
         rows.append({"mode": first["mode"], "batch": first["batch"], "tokens": first["tokens"],
                      "median_s": med, "tokens_per_s": first["tokens"] / med,
                      "cpu_per_wall": statistics.median(cpu) / med, "times_s": times, "rounds": len(parts),
                      "acceptance_rate": statistics.mean(rates) if rates else None,
-                     "mean_accepted_len": statistics.mean(lengths) if lengths else None,
+                     "tokens_per_verify_step": statistics.mean(per_step) if per_step else None,
                      "unlikely_token_share": unlikely_token_share(
                          setup.target, job["prompts"][first["batch"]], last["samples"], args.temperature),
                      "peer": peer})
@@ -252,7 +257,7 @@ def with_speedups(peer_rows: list[dict], ours: list[dict]) -> list[dict]:
             if r["mode"] == "target-only" and not r.get("skipped")}
     for r in peer_rows:
         if not r.get("skipped") and r["batch"] in base:
-            r["speedup_vs_target_only"] = r["tokens_per_s"] / base[r["batch"]]
+            r["speedup"] = r["tokens_per_s"] / base[r["batch"]]
     return peer_rows
 
 
@@ -260,7 +265,7 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 0, bundle: Path | 
                  ) -> list[list[int]]:
     """n prompts: random tokens of one length, or a bundle's speech prompts (voice + sentence)."""
     if bundle is not None:
-        from pcgtts.bench.step_speed import speech_requests
+        from pcgtts.bench.common import speech_requests
         from pcgtts.tts.bundle import ModelBundle
 
         return speech_requests(ModelBundle.from_dir(bundle), n, temperature=1.0, max_tokens=1)[0]
@@ -274,28 +279,25 @@ class EngineRunner:
 
         spec = mode != "target-only"
         self.mode = mode
-        per_seq = longest_prompt + args.max_tokens + 2 * args.gamma + 32
+        per_seq = longest_prompt + args.max_tokens + 2 * args.num_speculative_tokens + 32
         self.engine = Engine(EngineConfig(
             target=setup.target, draft=(getattr(args, "our_draft", None) or setup.draft) if spec else None,
             acceptance=mode if spec else "exact", asg_table=setup.asg_table,
-            num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
+            num_speculative_tokens=args.num_speculative_tokens if spec else 0, device=args.device,
+            dtype=args.dtype,
             decode_graphs=getattr(args, "decode_graphs", "eager"), max_num_seqs=max(args.batch_sizes),
             kv_budget_tokens=max(args.batch_sizes) * per_seq))
 
     def run(self, prompts, params) -> tuple[float, int, dict]:
-        before = self.engine.metrics()
         start = time.perf_counter()
         gens = self.engine.generate(prompts, params)
         _sync(self.engine.device)
         elapsed = time.perf_counter() - start
-        after = self.engine.metrics()
-        drafted = after.spec_drafted_tokens - before.spec_drafted_tokens
-        accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
-        drafts = after.spec_num_drafts - before.spec_num_drafts
-        stats = {"acceptance_rate": accepted / drafted if drafted else None,
-                 "mean_accepted_len": 1 + accepted / drafts if drafts else 1.0,
-                 "steps": after.steps - before.steps, "samples": [list(g.token_ids) for g in gens]}
-        return elapsed, sum(len(g.token_ids) for g in gens), stats
+        tally = DecodeTally.of(gens)
+        stats = {"acceptance_rate": tally.acceptance_rate,
+                 "tokens_per_verify_step": tally.tokens_per_verify_step,
+                 "samples": [list(g.token_ids) for g in gens]}
+        return elapsed, tally.tokens, stats
 
 
 class HFRunner:
@@ -314,7 +316,7 @@ class HFRunner:
         self.extra = {}
         if assisted:
             assistant = LlamaForCausalLM.from_pretrained(setup.draft, dtype=dtype).to(device).eval()
-            assistant.generation_config.num_assistant_tokens = args.gamma
+            assistant.generation_config.num_assistant_tokens = args.num_speculative_tokens
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
             self.extra = {"assistant_model": assistant}
 
@@ -354,7 +356,8 @@ def prompt_sets(args, setup: BenchSetup) -> dict[int, list[list[int]]]:
 
 def run_bench(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]], progress=print
               ) -> list[dict]:
-    """Rows: mode, batch, tokens_per_s (median), speedup over target-only in the same run, acceptance."""
+    """Rows: mode, batch, tokens_per_s (median), speedup over target-only in the same run, acceptance_rate and
+    tokens_per_verify_step (our engine's modes; means over the repeats)."""
     from pcgtts.engine import SamplingParams
 
     longest = max(len(p) for ps in prompts_by_batch.values() for p in ps)
@@ -397,9 +400,10 @@ def run_bench(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int
                 "mode": r.mode, "batch": batch, "tokens": tokens[r.mode], "median_s": med,
                 "tokens_per_s": tokens[r.mode] / med,
                 "cpu_per_wall": statistics.median(cpu[r.mode]) / med,
-                "speedup_vs_target_only": (base / med) if base else None,
+                "speedup": (base / med) if base else None,
                 "acceptance_rate": statistics.mean(acc) if acc else None,
-                "mean_accepted_len": statistics.mean(s["mean_accepted_len"] for s in st) if acc else None,
+                "tokens_per_verify_step": statistics.mean(s["tokens_per_verify_step"] for s in st)
+                if st[0].get("tokens_per_verify_step") else None,
                 "unlikely_token_share": unlikely_token_share(setup.target, prompts, st[-1]["samples"],
                                                              args.temperature),
                 "times_s": times[r.mode],
@@ -408,15 +412,15 @@ def run_bench(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int
 
 
 def format_rows(rows: list[dict]) -> str:
-    header = ("mode", "batch", "tok/s", "x target", "accept", "mean len", "cpu/wall", "p<1e-4")
+    header = ("mode", "batch", "tok/s", "x target", "accept", "tok/verify", "cpu/wall", "p<1e-4")
     lines = ["".join(f"{h:<22}" if i == 0 else f"{h:>{6 if i == 1 else 10}}" for i, h in enumerate(header))]
     for r in rows:
         if r.get("skipped"):
             lines.append(f"{r['mode']:<22}{r['batch']:>6}  skipped: {r['skipped']}")
             continue
         acc = f"{r['acceptance_rate']:.3f}" if r.get("acceptance_rate") is not None else "-"
-        mlen = f"{r['mean_accepted_len']:.2f}" if r.get("mean_accepted_len") is not None else "-"
-        spd = f"{r['speedup_vs_target_only']:.2f}" if r.get("speedup_vs_target_only") else "-"
+        mlen = f"{r['tokens_per_verify_step']:.2f}" if r.get("tokens_per_verify_step") is not None else "-"
+        spd = f"{r['speedup']:.2f}" if r.get("speedup") else "-"
         line = (f"{r['mode']:<22}{r['batch']:>6}{r['tokens_per_s']:>10.1f}{spd:>10}{acc:>9}{mlen:>10}"
                 f"{r['cpu_per_wall']:>10.2f}")
         line += f"{r['unlikely_token_share']:>10.1%}"
@@ -433,8 +437,9 @@ def markdown_table(rows: list[dict], repeats: int) -> str:
             lines.append(f"| {r['batch']} | {r['mode']} | skipped: {r['skipped']} | | | | | |")
             continue
         acc = f"{r['acceptance_rate']:.2f}" if r.get("acceptance_rate") is not None else "—"
-        spd = f"{r['speedup_vs_target_only']:.2f}x" if r.get("speedup_vs_target_only") else "—"
-        per_step = f"{r['mean_accepted_len']:.2f}" if r.get("mean_accepted_len") is not None else "—"
+        spd = f"{r['speedup']:.2f}x" if r.get("speedup") else "—"
+        step = r.get("tokens_per_verify_step")
+        per_step = f"{step:.2f}" if step is not None else "—"
         lines.append(f"| {r['batch']} | {r['mode']} | {r['tokens_per_s']:.1f} | {spd} | {acc} | {per_step} "
                      f"| {r['cpu_per_wall']:.2f} | {r['unlikely_token_share']:.1%} |")
     return "\n".join(lines) + "\n"
@@ -483,23 +488,23 @@ def main(args) -> int:
         print(setup.description)
         prompts_by_batch = prompt_sets(args, setup)
         job = vllm_job(args, setup, prompts_by_batch)
-        rounds = getattr(args, "vllm_rounds", 2)
-        before = run_vllm_round(args, job) if rounds else None
+        vllm_rounds = getattr(args, "vllm_rounds", 2)
+        before = run_vllm_round(args, job) if vllm_rounds else None
         rows = run_bench(args, setup, prompts_by_batch)
         if before is not None:
             # a second round only if the first ran (a missing environment is reported once)
-            done = [before] if isinstance(before, str) or rounds == 1 else [before, run_vllm_round(args, job)]
-            rows += with_speedups(vllm_rows(args, setup, job, done), rows)
+            rounds = [before] if isinstance(before, str) or vllm_rounds == 1 else \
+                [before, run_vllm_round(args, job)]
+            rows += with_speedups(vllm_rows(args, setup, job, rounds), rows)
     print(format_rows(rows))
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"setup": setup.description, "device": args.device, "gamma": args.gamma,
+        meta = {"setup": setup.description, "machine": machine(), "device": args.device,
+                "num_speculative_tokens": args.num_speculative_tokens,
                 "decode_graphs": getattr(args, "decode_graphs", "eager"),
                 "max_tokens": args.max_tokens, "temperature": args.temperature,
                 "prompts": (f"speech prompts of {args.speech_prompts}" if args.speech_prompts
-                            else f"random, {args.prompt_len} tokens"),
-                "threads": torch.get_num_threads()}
-        (args.out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+                            else f"random, {args.prompt_len} tokens")}
+        write_json(args.out / "engine.json", {"meta": meta, "rows": rows})
         (args.out / "table.md").write_text(markdown_table(rows, args.repeats))
         plot_rows(rows, args.out / "engine.png")
     return 0

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -35,11 +34,11 @@ import numpy as np
 import torch
 from pcgtts.asg_tables import build_asg
 from pcgtts.asg_tables.embeddings import read_embedding_rows
-from pcgtts.bench.rejections import shown_path
+from pcgtts.bench.common import DecodeTally, machine, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
-GAMMA = 3
+NUM_SPECULATIVE_TOKENS = 3
 DEFAULT_TABLES = ("emb:0.55", "emb:0.4", "mel:0.4", "mel:0.5")
 DEFAULT_DECODE_TABLES = ("mel:0.0", "emb:0.55", "mel:0.3", "mel:0.35", "mel:0.4")
 
@@ -166,28 +165,26 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                     bundle.root / "voices")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "groups.json"
-    report: dict = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
+    report: dict = {"model": shown_path(model_dir), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                    "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
-                    "machine": platform.processor() or platform.machine(),
-                    "threads": torch.get_num_threads(), "tables": {}, "decoding": {}}
+                    "machine": machine(), "tables": {}, "decoding": {}}
     if out.exists():  # resume: rows already measured with the same settings are kept
         old = json.loads(out.read_text())
         if all(old.get(k) == report[k] for k in ("model", "temperature", "sentences", "seeds", "swap_seeds")):
             report["tables"], report["decoding"] = old["tables"], old["decoding"]
 
     def save() -> None:
-        out.write_text(json.dumps(report, indent=1) + "\n")
+        write_json(out, report)
 
     def timed(engine: Engine, kw: dict) -> tuple[list, dict]:
         start = time.perf_counter()
         gens = engine.generate([p.token_ids for p in prompts], params(**kw))
         wall = time.perf_counter() - start
-        tokens = sum(len(g.token_ids) for g in gens)
-        drafted, accepted = sum(g.num_drafted for g in gens), sum(g.num_accepted for g in gens)
-        steps = sum(g.num_steps for g in gens)
-        return gens, {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-                      "accepted_over_drafted": accepted / drafted if drafted else None,
-                      "tokens_per_verify_step": tokens / steps if steps else None}
+        tally = DecodeTally.of(gens)
+        return gens, {"wall_s": wall, "tokens": tally.tokens, "tokens_per_s": tally.tokens / wall,
+                      "acceptance_rate": tally.acceptance_rate,
+                      "tokens_per_verify_step": tally.tokens_per_verify_step}
 
     base_gens, stats = timed(Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0)), {})
     baseline = [g.token_ids for g in base_gens]
@@ -226,7 +223,8 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                   f"swapped {row['swapped_share']:.2f} {deltas(row)}", flush=True)
         if decode_tables:
             engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
-                                         num_speculative_tokens=GAMMA, asg_table=paths[decode_tables[0]],
+                                         num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
+                                         asg_table=paths[decode_tables[0]],
                                          extra_asg_tables={s: paths[s] for s in decode_tables}))
             runs = [(f"pcg {s}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
             for label, kw in runs:

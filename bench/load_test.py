@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+from pcgtts.bench.common import machine, ratio, write_json
 
 OUTPUT_RATE = 24000
 TTFA_SLO_S = 1.0  # p95 time to first audio at a level that counts as real time
@@ -136,10 +135,10 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dic
     if args.timelines:  # every request's chunk arrivals and the player's waits (where stalls sit)
         row["requests_detail"] = results
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    row["acceptance_rate"] = _ratio(delta.get("accepted"), delta.get("drafted"))
-    row["prefix_cache_hit_rate"] = _ratio(delta.get("prefix_hits"), delta.get("prefix_queries"))
-    row["speculative_step_share"] = _ratio(delta.get("steps_speculative"), delta.get("steps_speculative", 0)
-                                           + delta.get("steps_target_only", 0))
+    row["acceptance_rate"] = _round(ratio(delta.get("accepted"), delta.get("drafted")))
+    row["prefix_cache_hit_rate"] = _round(ratio(delta.get("prefix_hits"), delta.get("prefix_queries")))
+    steps = delta.get("steps_speculative", 0) + delta.get("steps_target_only", 0)
+    row["speculative_step_share"] = _round(ratio(delta.get("steps_speculative"), steps))
     row["codec_s_per_wall_s"] = _round(delta["codec_s"] / wall if "codec_s" in delta and wall else None)
     # CPU seconds the server spent per second of audio: unlike wall-clock rates this barely moves when
     # other jobs share the machine, so it compares builds measured on a busy machine (2 / it bounds the
@@ -220,10 +219,6 @@ def capacity(rows: list[dict]) -> int:
     return best
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
-    return round(num / den, 4) if num is not None and den else None
-
-
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
@@ -293,7 +288,8 @@ def plot(report: dict, path: Path) -> None:
     for ax in (left, mid, right):
         ax.axvline(report["capacity"] or 0, color="tab:green", lw=1)
         ax.legend(fontsize=8)
-    fig.suptitle(f"real-time capacity {report['capacity']} streams ({report['machine']})")
+    fig.suptitle(f"real-time capacity {report['capacity']} streams ({report['machine']['cpu']}, "
+                 f"{report['machine']['cores']} cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -326,10 +322,10 @@ def main(args: argparse.Namespace) -> int:
     command = "pcgtts bench load " + " ".join(sys.argv[3 if cli else 1:])
     report = {"command": command, "capacity": capacity(rows),
               "targets": {"ttfa_p95_s": TTFA_SLO_S, "stall_p95_s": STALL_SLO_S},
-              "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "model": model,
+              "machine": machine(), "model": model,
               "format": args.format, "acceptance": args.acceptance, "server_args": args.server_arg,
               "rows": rows}
-    (args.out / "load.json").write_text(json.dumps(report, indent=1))
+    write_json(args.out / "load.json", report)
     plot(report, args.out / "load.png")
     print(f"real-time capacity: {report['capacity']} streams; wrote {args.out / 'load.json'}, load.png")
     return 0

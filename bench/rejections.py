@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +32,11 @@ from pathlib import Path
 import torch
 from pcgtts.asg_tables import ASGTable, build_asg
 from pcgtts.asg_tables.embeddings import read_embedding_rows
+from pcgtts.bench.common import SENTENCES, DecodeTally, machine, ratio, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
-GAMMA = 3
+NUM_SPECULATIVE_TOKENS = 3
 EMBEDDING_THETAS = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6)
 ACOUSTIC_FRACTIONS = (0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55)  # L2 radius / mean distance between centroids
 
@@ -77,7 +77,7 @@ def record_exact(bundle: ModelBundle, texts: list[str], seeds: list[int], temper
                  max_tokens: int) -> tuple[Records, list[list[int]], dict]:
     family = bundle.load_family()
     engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
-                                 num_speculative_tokens=GAMMA))
+                                 num_speculative_tokens=NUM_SPECULATIVE_TOKENS))
     records = Records()
     # bench hook: the engine's cached exact rule, wrapped so that every verify is recorded
     engine.rules._rules[("exact", None)] = RecordingRule(engine.rules.get("exact"), records)  # noqa: SLF001
@@ -92,9 +92,7 @@ def record_exact(bundle: ModelBundle, texts: list[str], seeds: list[int], temper
                                          constraint=prompt.constraint))
     start = time.perf_counter()
     gens = engine.generate(prompts, params)
-    run = {"wall_s": time.perf_counter() - start, "tokens": sum(len(g.token_ids) for g in gens),
-           "steps": sum(g.num_steps for g in gens), "drafted": sum(g.num_drafted for g in gens),
-           "accepted": sum(g.num_accepted for g in gens)}
+    run = {"wall_s": time.perf_counter() - start, **DecodeTally.of(gens).fields()}
     return records, [g.token_ids for g in gens], run
 
 
@@ -114,29 +112,16 @@ def vocab_end(vocab) -> int:
     return SPECIAL_NAMES.index("<end>")
 
 
-def shown_path(path: Path) -> str:
-    """A path as results files show it: relative to the working directory, else its name (no machine
-    paths in results)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return Path(path).name
-
-
-def rate(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
 def breakdown(rec: Records, vocab, centroids: torch.Tensor, table: ASGTable) -> dict:
     """Acceptance by position and class; rejections by acoustic distance of draft vs replacement."""
     off = vocab.code_offset
     dist = torch.cdist(centroids, centroids)  # [K, K] log-mel distance between codes
     mean_dist = float(dist[~torch.eye(len(dist), dtype=torch.bool)].mean())
     by_position = {}
-    for i in range(GAMMA):
+    for i in range(NUM_SPECULATIVE_TOKENS):
         idx = [k for k, p in enumerate(rec.position) if p == i]
         by_position[str(i + 1)] = {"verified": len(idx), "accepted": sum(rec.accepted[k] for k in idx),
-                                   "acceptance": rate(sum(rec.accepted[k] for k in idx), len(idx))}
+                                   "acceptance_rate": ratio(sum(rec.accepted[k] for k in idx), len(idx))}
     by_class: dict[str, dict] = {}
     for k, tok in enumerate(rec.draft_token):
         c = by_class.setdefault(token_class(vocab, tok), {"verified": 0, "accepted": 0, "forced": 0})
@@ -144,7 +129,7 @@ def breakdown(rec: Records, vocab, centroids: torch.Tensor, table: ASGTable) -> 
         c["accepted"] += rec.accepted[k]
         c["forced"] += bool(rec.target_probs[k].max() >= 1 - 1e-6)
     for c in by_class.values():
-        c["acceptance"] = rate(c["accepted"], c["verified"])
+        c["acceptance_rate"] = ratio(c["accepted"], c["verified"])
     pairs: dict[str, int] = {}
     code_rej = []
     for k, rep in enumerate(rec.replacement):
@@ -237,8 +222,6 @@ def coherence(table: ASGTable, vocab, centroids: torch.Tensor) -> float:
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], temperature: float,
         max_tokens: int) -> dict:
-    from pcgtts.bench.acceptance_sweep import SENTENCES
-
     torch.set_num_threads(1)
     bundle = ModelBundle.from_dir(model_dir)
     family, codec = bundle.load_family(), bundle.load_codec()
@@ -246,9 +229,10 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], temper
     texts = (SENTENCES * 4)[:sentences]
     rec, _, engine_run = record_exact(bundle, texts, seeds, temperature, max_tokens)
     table = ASGTable.load(bundle.asg_table)
-    report = {"model": shown_path(model_dir), "gamma": GAMMA, "temperature": temperature,
+    report = {"model": shown_path(model_dir), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+              "temperature": temperature,
               "sentences": len(texts),
-              "seeds": seeds, "engine_run": engine_run, "machine": platform.processor() or platform.machine(),
+              "seeds": seeds, "engine_run": engine_run, "machine": machine(),
               "bundle_table": {k: table.meta.get(k) for k in ("theta", "metric", "mean_seed_group_size")}}
     report |= breakdown(rec, vocab, centroids, table)
     p, q = code_rows(rec, vocab)
@@ -262,8 +246,7 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], temper
                       "coherence": coherence(t, vocab, centroids), "alpha_pcg": coarse_alpha(t, p, q)})
     sweep.append({"label": "bundle table", "grouping": "bundle", "alpha_pcg": coarse_alpha(table, p, q)})
     report["alpha_by_table"] = sweep
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "rejections.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_json(out_dir / "rejections.json", report)
     return report
 
 

@@ -19,17 +19,14 @@ Writes OUT/step_speed.json, OUT/step_speed.png and OUT/step_speed.md (command, m
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from pcgtts.bench.acceptance_sweep import SENTENCES
-from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.bench.common import DecodeTally, batched, bundle_engine, machine, speech_requests, write_json
+from pcgtts.engine import Engine
 from pcgtts.engine.block_manager import SeqBlocks
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -45,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rules", nargs="+", default=list(RULES), help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gamma", type=int, default=3)
+    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-tokens", type=int, default=400, help="cap on generated tokens per utterance")
     parser.add_argument("--utterances", type=int, default=0,
@@ -61,43 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
 
 
-def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens: int, seed: int = 0):
-    family = bundle.load_family()
-    voices = sorted(family.voices)
-    prompts, params = [], []
-    for i in range(n):
-        text = SENTENCES[i % len(SENTENCES)]
-        prompt = family.build_prompt(text, family.voices[voices[i % len(voices)]] if voices else None)
-        prompts.append(prompt.token_ids)
-        params.append(SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i,
-                                     stop_token_ids=prompt.stop_token_ids, constraint=prompt.constraint))
-    return prompts, params
-
-
-def build_engine(bundle: ModelBundle, rule: str, graphs: str, args) -> Engine:
-    spec = rule != "target-only"
-    return Engine(EngineConfig(
-        target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
-        acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
-        num_speculative_tokens=args.gamma if spec else 0, device=args.device, dtype=args.dtype,
-        decode_graphs=graphs, compile_cache_dir=args.compile_cache_dir))
-
-
-def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, list]]:
-    """The prompts (and their params) in consecutive batches of `batch_size`."""
-    return [(prompts[i:i + batch_size], params[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
-
-
 def run_once(engine: Engine, batches: list[tuple[list, list]]) -> dict:
     """Decode the batches one after another; totals over all of them."""
     start = time.perf_counter()
     gens = [g for prompts, params in batches for g in engine.generate(prompts, params)]
     wall = time.perf_counter() - start
-    tokens = sum(len(g.token_ids) for g in gens)
-    drafted = sum(g.num_drafted for g in gens)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "acceptance_rate": sum(g.num_accepted for g in gens) / drafted if drafted else None,
-            "tokens_per_step": tokens / sum(g.num_steps for g in gens)}
+    tally = DecodeTally.of(gens)
+    return {"tokens": tally.tokens, "wall_s": wall, "tokens_per_s": tally.tokens / wall,
+            "acceptance_rate": tally.acceptance_rate, "tokens_per_verify_step": tally.tokens_per_verify_step}
 
 
 def head_step(engine: Engine):
@@ -156,22 +124,6 @@ def leviathan_bound(alpha: float, gamma: int, c: float, v: float) -> float:
     return tokens / (gamma * c + v)
 
 
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from pcgtts.engine.model.loader import cpu_has_native_bf16
-
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "native_bf16": cpu_has_native_bf16(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
-
-
 def run(args) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -183,7 +135,9 @@ def run(args) -> dict:
     for graphs in args.graphs:
         for rule in args.rules:
             t0 = time.perf_counter()
-            engine = build_engine(bundle, rule, graphs, args)
+            engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
+                                   decode_graphs=graphs, device=args.device, dtype=args.dtype,
+                                   compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,
                                             "capture_seconds": engine.capture_seconds}
             engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
@@ -200,7 +154,7 @@ def run(args) -> dict:
     rows = []
     for (graphs, rule, b), results in runs.items():
         med = {k: statistics.median(x[k] for x in results) if results[0][k] is not None else None
-               for k in ("tokens_per_s", "acceptance_rate", "tokens_per_step", "wall_s")}
+               for k in ("tokens_per_s", "acceptance_rate", "tokens_per_verify_step", "wall_s")}
         rows.append({"graphs": graphs, "rule": rule, "batch": b, **med,
                      "tokens_per_s_runs": [x["tokens_per_s"] for x in results]})
     for row in rows:
@@ -215,20 +169,21 @@ def run(args) -> dict:
         # the target-only engine's target has the captured 1-token graph (the speculative one: γ+1 only)
         single = engines.get((graphs, "target-only"), spec).target
         draft = (spec.draft, 1) if spec.draft is not None else head_step(spec)
-        ms = forward_costs({"target_1": (single, 1), "target_v": (spec.target, args.gamma + 1),
-                            "draft_1": draft}, args.context, consecutive=args.gamma)
+        gamma = args.num_speculative_tokens
+        ms = forward_costs({"target_1": (single, 1), "target_v": (spec.target, gamma + 1), "draft_1": draft},
+                           args.context, consecutive=gamma)
         target_1, target_v, draft_1 = ms["target_1"], ms["target_v"], ms["draft_1"]
         costs[graphs] = {"target_1_ms": target_1, "target_verify_ms": target_v, "draft_1_ms": draft_1,
                          "c": draft_1 / target_1, "v": target_v / target_1}
         for row in rows:
             if row["graphs"] == graphs and row["acceptance_rate"] is not None:
-                row["leviathan_bound"] = leviathan_bound(row["acceptance_rate"], args.gamma,
-                                                         costs[graphs]["c"], costs[graphs]["v"])
+                row["leviathan_bound"] = leviathan_bound(row["acceptance_rate"], gamma, costs[graphs]["c"],
+                                                         costs[graphs]["v"])
                 row["share_of_bound"] = row["speedup"] / row["leviathan_bound"] if row["speedup"] else None
     return {"command": "pcgtts bench step " + " ".join(sys.argv[sys.argv.index("step") + 1:])
             if "step" in sys.argv else " ".join(sys.argv),
             "machine": machine(), "draft": bundle.draft_dir.name if bundle.draft_dir else None,
-            "gamma": args.gamma, "temperature": args.temperature,
+            "num_speculative_tokens": args.num_speculative_tokens, "temperature": args.temperature,
             "max_tokens": args.max_tokens, "utterances": len(prompts), "repeats": args.repeats,
             "start_up": start_up, "forward_costs": costs, "rows": rows}
 
@@ -237,16 +192,18 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# Decode speed: target-only vs exact SD vs PCG (`{result['command']}`)", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} "
-             f"thread(s); native bf16: {m['native_bf16']}; CUDA: {m['cuda']}. γ={result['gamma']}, "
+             f"thread(s); native bf16: {m['native_bf16']}; CUDA: {m['cuda']}. "
+             f"γ={result['num_speculative_tokens']}, "
              f"T={result['temperature']}, medians of {result['repeats']} round-robin repeats; every batch "
              f"size decodes the same {result['utterances']} utterances, in batches of its size.", "",
-             "| graphs | batch | rule | tokens/s | speed-up | α | tokens/step | Leviathan bound | share |",
+             "| graphs | batch | rule | tokens/s | speed-up | α | tokens/verify step | Leviathan bound "
+             "| share |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
     for r in sorted(result["rows"], key=lambda r: (r["batch"], r["graphs"], RULES.index(r["rule"]))):
         lines.append(f"| {r['graphs']} | {r['batch']} | {r['rule']} | {r['tokens_per_s']:.0f} | "
                      f"{fmt(r['speedup'], '.2f')}x | {fmt(r['acceptance_rate'], '.2f')} | "
-                     f"{r['tokens_per_step']:.2f} | {fmt(r.get('leviathan_bound'), '.2f')} | "
+                     f"{r['tokens_per_verify_step']:.2f} | {fmt(r.get('leviathan_bound'), '.2f')} | "
                      f"{fmt(r.get('share_of_bound'), '.2f')} |")
     lines += ["", "Forward costs (batch 1, ms, medians of the mean of γ forwards in a row): "
               "c = draft/target, v = verify (γ+1 tokens)/single.",
@@ -284,8 +241,7 @@ def plot(result: dict, path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     result = run(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "step_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out / "step_speed.json", result)
     (args.out / "step_speed.md").write_text(markdown(result))
     plot(result, args.out / "step_speed.png")
     print(markdown(result))

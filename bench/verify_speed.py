@@ -11,7 +11,7 @@ cosine neighbourhoods, like real ones). Distributions: target logits ~ N(0, 3²)
 target + N(0, 1.5²), so acceptance is moderate and the rejection paths run.
 
 Forward: one target verify step of a Llama-3.2-1B-shaped model (d = 2,048, 32 heads / 8 KV heads of 64, ffn
-8,192, 16 layers) on γ+1 = 4 new tokens per sequence over a 512-token KV context, float32 on this CPU. A few
+8,192, 16 layers) on γ+1 = 4 new tokens per sequence over a 512-token KV context, float32 on the CPU. A few
 layers are timed and scaled to 16; the LM head (2,048 x 193,800) is timed once and added.
 
 Timings are medians over repeats measured in the same process; results go to OUT/verify_speed.json (and
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from pcgtts.asg_tables import ASGTable, build_asg
 from pcgtts.asg_tables.build import normalized_rows
+from pcgtts.bench.common import machine, write_json
 from pcgtts.engine.acceptance import make_rule
 from pcgtts.engine.acceptance.warp import logits_to_probs
 
@@ -306,14 +306,12 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         ]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        (args.out / "asg_build.json").write_text(json.dumps(result, indent=2))
+        write_json(args.out / "asg_build.json", result)
         print(json.dumps(result, indent=2))
         return 0
 
     env = {
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor(),
+        "machine": machine(),
         "load_average_before": list(os.getloadavg()),
         "command": f"pcgtts bench verify --reps {args.reps} --threads {args.threads}",
     }
@@ -369,7 +367,7 @@ def main(args: argparse.Namespace | list[str] | None = None) -> int:
         "coarse": coarse,
         "pcg_thinning": pcg_stats,
     }
-    (args.out / "verify_speed.json").write_text(json.dumps(result, indent=2))
+    write_json(args.out / "verify_speed.json", result)
     print("\nrule            B   V       verify ms   forward ms   verify/forward")
     for r in verify:
         print(

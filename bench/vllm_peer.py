@@ -5,11 +5,12 @@ and prints one JSON line of results, and imports nothing of pcgtts: vLLM loads t
 `vllm.general_plugins` entry point), which applies the CPU expand fix in every vLLM process and verifies
 with our rules where `additional_config["pcgtts"]` asks for them.
 
-Job: {"target": dir, "draft": dir | null, "asg_table": file | null, "gamma": int, "prompts": {batch: [[ids]]},
-      "max_tokens": int, "temperature": float, "top_p": float, "repeats": int, "eager": bool,
+Job: {"target": dir, "draft": dir | null, "asg_table": file | null, "num_speculative_tokens": int,
+      "prompts": {batch: [[ids]]}, "max_tokens": int, "temperature": float, "top_p": float, "repeats": int,
+      "eager": bool,
       "dtype": str (default float32), "kv_cache_bytes": int (CPU), or "memory": the device memory share (0.3)}
 Result: {"rows": [{"mode", "batch", "tokens", "times_s", "cpu_s", "samples" (the last repeat's token ids per
-         prompt), "acceptance_rate", "mean_accepted_len"}], "version", "plugin"}
+         prompt), "acceptance_rate", "tokens_per_verify_step"}], "version", "plugin"}
 Modes: vllm (target only); with a draft vllm-exact (vLLM's draft-model speculation verified by its standard
 sampler, which is our `exact`) and, with an ASG table and the plugin installed, vllm-pcg (the same
 speculation verified by PCG inside vLLM). Draft sampling is probabilistic, so verification sees the draft's
@@ -32,8 +33,8 @@ def modes(job: dict) -> list[tuple[str, dict]]:
     out = [("vllm", {})]
     if not job.get("draft"):
         return out
-    spec = {"model": job["draft"], "method": "draft_model", "num_speculative_tokens": job["gamma"],
-            "draft_sample_method": "probabilistic"}
+    spec = {"model": job["draft"], "method": "draft_model", "draft_sample_method": "probabilistic",
+            "num_speculative_tokens": job["num_speculative_tokens"]}
     out.append(("vllm-exact", {"speculative_config": spec,
                                "additional_config": {"pcgtts": {"acceptance": "exact"}}}))
     if job.get("asg_table") and plugin_installed():
@@ -52,7 +53,7 @@ def run(job: dict) -> dict:
     memory = {"kv_cache_memory_bytes": job["kv_cache_bytes"]} if job.get("kv_cache_bytes") else \
         {"gpu_memory_utilization": job.get("memory", 0.3)}
     common = dict(skip_tokenizer_init=True, dtype=job.get("dtype", "float32"), **memory,
-                  max_model_len=longest + job["max_tokens"] + 2 * job["gamma"] + 16,
+                  max_model_len=longest + job["max_tokens"] + 2 * job["num_speculative_tokens"] + 16,
                   enforce_eager=job.get("eager", False), seed=0, disable_log_stats=False)
     params = SamplingParams(temperature=job["temperature"], top_p=job["top_p"], max_tokens=job["max_tokens"],
                             min_tokens=job["max_tokens"], ignore_eos=True, detokenize=False)
@@ -74,12 +75,12 @@ def run(job: dict) -> dict:
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
             row = {"mode": mode, "batch": int(batch), "tokens": tokens, "times_s": times, "cpu_s": cpu,
                    "samples": [list(o.outputs[0].token_ids) for o in outputs], "acceptance_rate": None,
-                   "mean_accepted_len": None}
+                   "tokens_per_verify_step": None}
             if extra:
                 delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
                 if delta.get("num_draft_tokens"):
                     row["acceptance_rate"] = delta["num_accepted_tokens"] / delta["num_draft_tokens"]
-                    row["mean_accepted_len"] = 1 + delta["num_accepted_tokens"] / delta["num_drafts"]
+                    row["tokens_per_verify_step"] = 1 + delta["num_accepted_tokens"] / delta["num_drafts"]
             rows.append(row)
         llm.llm_engine.engine_core.shutdown()
         del llm

@@ -76,7 +76,7 @@ class AsyncEngine:
 
     @property
     def num_speculative_tokens(self) -> int:
-        return self.engine.gamma
+        return self.engine.num_speculative_tokens
 
     # ---- caller side (event loop) -------------------------------------------------------------------------
     async def stream(self, prompt_ids: list[int], params: SamplingParams,

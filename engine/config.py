@@ -61,6 +61,10 @@ class EngineConfig:
     # Eager CPU decoding keeps each running row's K/V contiguous too (engine/kv_mirror.py), so attention
     # reads it in place instead of gathering blocks every forward; bytes per model at most (0 = off).
     kv_mirror_bytes: int = 512 << 20
+    # The per-step work between forwards (the demo family's constraint, softmax-and-draw of each draft token,
+    # exact's and PCG's verify) as compiled loops (numba, engine/ops) where they apply: on the CPU, for
+    # vocabularies up to engine.ops.COMPILED_MAX_V. False: the torch ops everywhere (what CUDA runs).
+    compiled_cpu_ops: bool = True
     seed: int = 0  # seeds the generator shared by requests without their own seed
 
 

@@ -28,6 +28,7 @@ from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
 from pcgtts.engine.model.loader import few_op_forms, load_llama, resolve_dtype
 from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.ops import Ops
 from pcgtts.engine.scheduler import Scheduler
 from pcgtts.engine.sequence import Sequence as Seq
 from pcgtts.engine.spec_decode import SpeculativeDecoder
@@ -73,24 +74,25 @@ class Engine:
         if draft_config is not None and draft_config.vocab_size != self.target_config.vocab_size:
             raise ValueError(f"draft vocabulary {draft_config.vocab_size} != target "
                              f"{self.target_config.vocab_size}")
-        self.gamma = config.num_speculative_tokens if draft_config is not None or head_draft else 0
-        if self.gamma == 0:
+        gamma = config.num_speculative_tokens if draft_config is not None or head_draft else 0
+        self.num_speculative_tokens = gamma  # γ: 0 decodes with the target alone
+        if gamma == 0:
             draft_config, head_draft = None, False
 
         block_size = config.block_size
         num_blocks = self._num_blocks(draft_config)
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or self.target_config.max_position_embeddings,
-                                 capacity - self.gamma - 1)
+                                 capacity - gamma - 1)
         if self.max_model_len < 2:
-            raise ValueError(f"KV budget of {capacity} tokens is too small for γ={self.gamma}")
-        positions = self.max_model_len + self.gamma + 1
+            raise ValueError(f"KV budget of {capacity} tokens is too small for γ={gamma}")
+        positions = self.max_model_len + gamma + 1
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir,
                       kv_mirror_bytes=config.kv_mirror_bytes)
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
-        target_tokens = (1, self.gamma + 1)
+        target_tokens = (1, gamma + 1)
         compiled = self.decode_graphs != "eager"
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions, compiled),
                                   num_blocks, block_size, backend, decode_tokens=target_tokens, **graphs)
@@ -105,21 +107,24 @@ class Engine:
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
                                                                 else 0.0)
 
-        self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device)
+        # the forms of the per-step operations, chosen once for this engine (engine/ops)
+        self.ops = Ops.choose(self.device, self.target_config.vocab_size, config.compiled_cpu_ops)
+        self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device,
+                               self.ops)
         for runner in (self.target, self.draft):
             if runner is not None:
                 runner.blocks.prefix_caching = config.enable_prefix_caching
-        if self.gamma:
+        if gamma:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.decoder = SpeculativeDecoder(self.target, self.draft, self.gamma, self.shared_generator,
-                                          self.head)
-        self.policy = SpeculationPolicy(self.gamma, config.speculation)
-        self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, self.gamma,
+        self.decoder = SpeculativeDecoder(self.target, self.draft, gamma, self.shared_generator, self.head,
+                                          self.ops)
+        self.policy = SpeculationPolicy(gamma, config.speculation)
+        self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,
                                    ahead_s=config.deadline_ahead_s, max_defer=config.max_defer_steps)
         self.requests: dict[str, Seq] = {}
-        self.counters = Counters(gamma=self.gamma)
+        self.counters = Counters(num_speculative_tokens=gamma)
         self._arrivals = itertools.count()
 
     # ---- set-up helpers ---------------------------------------------------------------------------------
@@ -143,10 +148,6 @@ class Engine:
     def vocab_size(self) -> int:
         return self.target_config.vocab_size
 
-    @property
-    def num_speculative_tokens(self) -> int:
-        return self.gamma
-
     # ---- requests ---------------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, continuing: bool = False) -> str:
@@ -157,7 +158,7 @@ class Engine:
             raise ValueError(f"duplicate request id {request_id!r}")
         prompt_ids = self.validate(prompt_ids, params)
         # the rule that verifies this request's drafts, built now: a misconfigured one fails this request only
-        rule = self.rules.get(params.acceptance, params.asg_table) if self.gamma else None
+        rule = self.rules.get(params.acceptance, params.asg_table) if self.num_speculative_tokens else None
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
@@ -173,11 +174,12 @@ class Engine:
         prompt_ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         if params.asg_table is not None:
             self.rules.check_table(params.asg_table)
-        if self.gamma:
+        if self.num_speculative_tokens:
             self.rules.check(params.acceptance, params.asg_table)
-        if params.num_speculative_tokens is not None and params.num_speculative_tokens > self.gamma:
+        own = params.num_speculative_tokens
+        if own is not None and own > self.num_speculative_tokens:
             raise ValueError(f"num_speculative_tokens {params.num_speculative_tokens} exceeds this engine's "
-                             f"γ = {self.gamma}")
+                             f"γ = {self.num_speculative_tokens}")
         return prompt_ids
 
     def abort(self, request_id: str) -> bool:
@@ -279,7 +281,7 @@ class Engine:
         speculate on every step whatever it decides, so a seed still fixes a request's tokens (run to
         run, whatever shares the batch); when the policy says target-only they take a forward of their own."""
         seeded = [s for s in seqs if s.params.seed is not None]
-        if speculate or not seeded or not self.gamma:
+        if speculate or not seeded or not self.num_speculative_tokens:
             return [(seqs, speculate)]
         plain = [s for s in seqs if s.params.seed is None]
         return [(seeded, True)] + ([(plain, False)] if plain else [])

@@ -34,7 +34,7 @@ class EngineMetrics:
 
 @dataclass
 class Counters:
-    gamma: int
+    num_speculative_tokens: int
     prompt_tokens: int = 0
     generation_tokens: int = 0
     spec_num_drafts: int = 0
@@ -46,7 +46,7 @@ class Counters:
     finished: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.spec_accepted_per_position = [0] * self.gamma
+        self.spec_accepted_per_position = [0] * self.num_speculative_tokens
 
     def record_step(self, batch: int, drafted: list[int], accepted: list[int]) -> None:
         """One decode step of `batch` sequences; drafted[i] drafts verified for sequence i, accepted[i]

@@ -15,8 +15,8 @@ import torch
 from pcgtts.engine.acceptance import logits_to_probs
 from pcgtts.engine.acceptance.sampling import sample_rows
 from pcgtts.engine.acceptance.warp import GREEDY_EPS
-from pcgtts.engine.cpu_kernel import compiled_applies
-from pcgtts.engine.sampling_cpu import softmax_draw_cpu
+from pcgtts.engine.ops import Ops
+from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.sequence import Sequence
 
 
@@ -31,9 +31,11 @@ class BatchSampler:
     """Sampling state of one step's B rows."""
 
     def __init__(self, seqs: list[Sequence], vocab_size: int, device: torch.device,
-                 shared_generator: torch.Generator):
+                 shared_generator: torch.Generator, ops: Ops):
+        """ops: the forms of the per-step operations (the engine's choice, engine/ops)."""
         self.seqs = seqs
         self.device = device
+        self.ops = ops
         params = [s.params for s in seqs]
         self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
         self.generators = [s.generator or shared_generator for s in seqs]
@@ -42,8 +44,6 @@ class BatchSampler:
         self._temperature_only = all(p.temperature > GREEDY_EPS and not 0 < p.top_k < vocab_size
                                      and p.top_p >= 1.0 for p in params)
         self._temperature_col = self.temperature[:, None, None]  # [B, 1, 1]
-        # softmax and draw in one compiled loop (sampling_cpu.py) where both are plain: CPU, temperature only
-        self._compiled_draw = self._temperature_only and compiled_applies(device, vocab_size)
         if not self._temperature_only:  # made once per step, used by every probs() call
             self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=device)
             self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
@@ -66,34 +66,31 @@ class BatchSampler:
         """logits [B, P, V] -> probs [B, P, V].
 
         Position i of row b follows the row's tokens plus drafts[b, :offset + i] (drafts: Long[B, J])."""
+        logits = self._processed(logits, drafts, offset)
+        if self._temperature_only:
+            return torch.softmax(logits.float() / self._temperature_col, dim=-1)
+        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def _processed(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
+        """logits [B, P, V] after the repetition penalty and the decode constraints."""
         if self.penalty is not None:
             logits = self._penalise(logits, drafts, offset)
         if self.constrained:
             logits = self._constrain(logits, drafts, offset)
-        if self._temperature_only:
-            return torch.softmax(logits.float() / self._temperature_col, dim=-1)
-        return logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+        return logits
 
     def probs_and_draw(self, logits: torch.Tensor, drafts: torch.Tensor | None = None, offset: int = 0,
                        out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, 1, V] -> (probs [B, V] as `probs` gives them, Long[B]: one draw per row from its own
         generator, as `sample` draws). out: Float32[B, V] to write the probs into (e.g. one position of the
         draft's probability buffer)."""
-        if not self._compiled_draw or logits.dtype != torch.float32:
-            probs = self.probs(logits, drafts, offset)[:, 0]
-            if out is not None:
-                probs = out.copy_(probs)
-            return probs, self.sample(probs)
-        if self.penalty is not None:
-            logits = self._penalise(logits, drafts, offset)
-        if self.constrained:
-            logits = self._constrain(logits, drafts, offset)
-        b, _, v = logits.shape
-        probs = out if out is not None else torch.empty(b, v)
-        tokens = torch.empty(b, dtype=torch.long)
-        softmax_draw_cpu(logits[:, 0].numpy(), self.temperature.numpy(), self.uniforms().numpy(),
-                         probs.numpy(), tokens.numpy())
-        return probs, tokens
+        if self._temperature_only:
+            logits = self._processed(logits, drafts, offset)[:, 0]
+            return self.ops.form(SOFTMAX_DRAW)(logits, self.temperature, self.uniforms(), out)
+        probs = self.probs(logits, drafts, offset)[:, 0]
+        if out is not None:
+            probs = out.copy_(probs)
+        return probs, self.sample(probs)
 
     def _penalise(self, logits: torch.Tensor, drafts: torch.Tensor | None, offset: int) -> torch.Tensor:
         b, p, v = logits.shape
@@ -120,11 +117,11 @@ class BatchSampler:
                 histories.append([generated + extra[:offset + i] for i in range(p)])
             constraints = [self.seqs[b].params.constraint for b in rows]
             if len(rows) == logits.shape[0]:  # every row: no copy of the unconstrained logits
-                return cls.apply_rows(constraints, logits, histories)
+                return cls.apply_rows(constraints, logits, histories, self.ops)
             if out is None:
                 out = logits.clone()
             index = self._row_index[cls]
-            out[index] = cls.apply_rows(constraints, logits[index], histories)
+            out[index] = cls.apply_rows(constraints, logits[index], histories, self.ops)
         return out
 
     def uniforms(self) -> torch.Tensor:

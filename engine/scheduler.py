@@ -35,12 +35,13 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, target_blocks: BlockAllocator, draft_blocks: BlockAllocator | None, gamma: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, max_waiting: int, ahead_s: float = 2.0,
-                 max_defer: int = 4, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, target_blocks: BlockAllocator, draft_blocks: BlockAllocator | None,
+                 num_speculative_tokens: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_waiting: int, ahead_s: float = 2.0, max_defer: int = 4,
+                 clock: Callable[[], float] = time.perf_counter):
         self.target_blocks = target_blocks
         self.draft_blocks = draft_blocks
-        self.gamma = gamma
+        self.num_speculative_tokens = num_speculative_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
@@ -83,7 +84,8 @@ class Scheduler:
     # ---- KV room ---------------------------------------------------------------------------------------
     def room_needed(self, seq: Sequence) -> tuple[int, int]:
         """Tokens of KV each model must hold for `seq`'s next step: (target, draft)."""
-        return seq.length + self.gamma, seq.length + self.gamma - 1
+        gamma = self.num_speculative_tokens
+        return seq.length + gamma, seq.length + gamma - 1
 
     def _reserve(self, seq: Sequence) -> bool:
         target_tokens, draft_tokens = self.room_needed(seq)

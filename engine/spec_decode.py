@@ -31,6 +31,7 @@ from pcgtts.engine.acceptance import AcceptanceRule
 from pcgtts.engine.acceptance.sampling import RowGenerators
 from pcgtts.engine.model.feature_head import FeatureHead
 from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.ops import Ops
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.engine.sequence import Sequence
 
@@ -43,19 +44,21 @@ class StepResult:
 
 
 class SpeculativeDecoder:
-    def __init__(self, target: ModelRunner, draft: ModelRunner | None, gamma: int,
-                 shared_generator: torch.Generator, head: FeatureHead | None = None):
+    def __init__(self, target: ModelRunner, draft: ModelRunner | None, num_speculative_tokens: int,
+                 shared_generator: torch.Generator, head: FeatureHead | None, ops: Ops):
         """draft or head (at most one) proposes; each sequence brings the acceptance rule that verifies its
-        drafts (`Sequence.rule`)."""
+        drafts (`Sequence.rule`). ops: the forms of the per-step operations (the engine's, engine/ops)."""
         if draft is not None and head is not None:
             raise ValueError("one draft: a Llama draft or a feature head, not both")
         self.target = target
-        self.draft = draft if gamma > 0 else None
-        self.head = head if gamma > 0 else None
-        self.gamma = gamma if self.draft is not None or self.head is not None else 0
+        self.draft = draft if num_speculative_tokens > 0 else None
+        self.head = head if num_speculative_tokens > 0 else None
+        has_draft = self.draft is not None or self.head is not None
+        self.num_speculative_tokens = num_speculative_tokens if has_draft else 0
         self.shared_generator = shared_generator
         self.vocab_size = target.model.cfg.vocab_size
         self.device = target.device
+        self.ops = ops
         self._valid: dict[tuple[int, int], torch.Tensor] = {}
 
     # ---- prefill ----------------------------------------------------------------------------------------
@@ -80,12 +83,12 @@ class SpeculativeDecoder:
     # ---- decode -----------------------------------------------------------------------------------------
     def step(self, seqs: list[Sequence], speculate: bool = True) -> StepResult:
         """speculate=False decodes with the target alone this step (the draft catches up next time)."""
-        if self.gamma and speculate and self.head is not None:
+        if self.num_speculative_tokens and speculate and self.head is not None:
             ready = [s.draft_state_at == s.length for s in seqs]
             if not all(ready):
                 return self._split_step(seqs, ready) if any(ready) else self.step(seqs, speculate=False)
-        sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator)
-        if self.gamma == 0 or not speculate:
+        sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator, self.ops)
+        if self.num_speculative_tokens == 0 or not speculate:
             return self._target_only(seqs, sampler)
         return self._speculate(seqs, sampler)
 
@@ -118,7 +121,7 @@ class SpeculativeDecoder:
             s.draft_state, s.draft_state_at = states[b], s.length + k + 1
 
     def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
-        g, dev = self.gamma, self.device
+        g, dev = self.num_speculative_tokens, self.device
         b = len(seqs)
         lengths = [s.length for s in seqs]
         # What the target scores: [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1; the draft writes its
@@ -159,7 +162,7 @@ class SpeculativeDecoder:
                            drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
         """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts)."""
         states = torch.stack([s.draft_state for s in seqs])  # [B, d]
-        for j in range(self.gamma):
+        for j in range(self.num_speculative_tokens):
             states = self.head(states, ids[:, j])
             logits = self.target.logits(states[:, None])  # [B, 1, V]
             drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
@@ -168,7 +171,7 @@ class SpeculativeDecoder:
                             positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
         """The Llama draft: catch up on uncached tokens (the last one, or the last two after a fully accepted
         round), then one forward per proposed token."""
-        g, b = self.gamma, len(seqs)
+        g, b = self.num_speculative_tokens, len(seqs)
         lengths = [s.length for s in seqs]
         one_each = self._all_valid(b, 1)
         states = [s.draft for s in seqs]
@@ -196,58 +199,49 @@ class SpeculativeDecoder:
             self._valid[key] = torch.ones(rows, tokens, dtype=torch.bool, device=self.device)
         return self._valid[key]
 
+    @staticmethod
+    def _verify_generator(generator: torch.Generator) -> torch.Generator:
+        """A fresh generator seeded by one draw of `generator`: each rule consumes randomness in its own
+        way, and this keeps that from shifting the draft's later draws (seeded outputs then depend on
+        the rule only through its verdicts; PCG with singleton groups replays `exact` exactly)."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        return torch.Generator(device=generator.device).manual_seed(seed)
+
     def _verify(self, seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
-        return verify_rows([s.rule for s in seqs], row_gammas, sampler.generators, drafts, draft_probs,
-                           target_probs)
-
-
-def _verify_generator(generator: torch.Generator) -> torch.Generator:
-    """A fresh generator seeded by one draw of `generator`: each rule consumes randomness in its own
-    way, and this keeps that from shifting the draft's later draws (seeded outputs then depend on
-    the rule only through its verdicts; PCG with singleton groups replays `exact` exactly)."""
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
-    return torch.Generator(device=generator.device).manual_seed(seed)
-
-
-def verify_rows(row_rules: list[AcceptanceRule], row_gammas: list[int], generators: list[torch.Generator],
-                drafts: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing rule and γ
-    share one call (rules with `row_draws` take their rows' generators together, others one call per
-    generator). A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is its
-    bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution. The one
-    batched verify of our engine and of the vLLM plugin (engine/vllm/verify.py).
-
-    drafts Long[B, γ], draft_probs [B, γ, V], target_probs [B, γ+1, V] -> (tokens Long[B, γ+1] padded with
-    -1, num_accepted Long[B])."""
-    g, device = drafts.shape[1], drafts.device
-    rules: dict[int, AcceptanceRule] = {}
-    groups: dict[tuple[int, int, int], list[int]] = {}
-    for i, (rule, row_gamma, gen) in enumerate(zip(row_rules, row_gammas, generators, strict=True)):
-        rules[id(rule)] = rule
-        groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
-    # one verify generator per (rule, γ, generator) group, seeded in the groups' order
-    verify_gens = {key: _verify_generator(generators[rows[0]]) for key, rows in groups.items()}
-    if len(groups) == 1 and next(iter(groups))[1] == g:
-        (key, rows), = groups.items()
-        v = rules[key[0]].verify(drafts, draft_probs, target_probs, verify_gens[key])
-        return v.tokens, v.num_accepted
-    calls: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for key in groups:
-        calls.setdefault(key[:2] if rules[key[0]].row_draws else key, []).append(key)
-    tokens = torch.full((len(row_rules), g + 1), -1, dtype=torch.long, device=device)
-    accepted = torch.empty(len(row_rules), dtype=torch.long, device=device)
-    for (rule_id, row_gamma, *_), keys in calls.items():
-        rows = sorted(i for key in keys for i in groups[key])
-        idx = torch.tensor(rows, device=device)
-        if len(keys) == 1:
-            generator = verify_gens[keys[0]]
-        else:
-            position = {row: n for n, row in enumerate(rows)}
-            generator = RowGenerators([(verify_gens[key], torch.tensor([position[i] for i in groups[key]],
-                                                                       device=device))
-                                       for key in keys], len(rows))
-        v = rules[rule_id].verify(drafts[idx, :row_gamma], draft_probs[idx, :row_gamma],
-                                  target_probs[idx, :row_gamma + 1], generator)
-        tokens[idx, :row_gamma + 1], accepted[idx] = v.tokens, v.num_accepted
-    return tokens, accepted
+        """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing rule and γ
+        share one call (rules with `row_draws` take their rows' generators together, others one call per
+        generator). A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is its
+        bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
+        g = self.num_speculative_tokens
+        rules: dict[int, AcceptanceRule] = {}
+        groups: dict[tuple[int, int, int], list[int]] = {}
+        for i, (s, row_gamma, gen) in enumerate(zip(seqs, row_gammas, sampler.generators, strict=True)):
+            rule = s.rule
+            rules[id(rule)] = rule
+            groups.setdefault((id(rule), row_gamma, id(gen)), []).append(i)
+        # one verify generator per (rule, γ, generator) group, seeded in the groups' order
+        verify_gens = {key: self._verify_generator(sampler.generators[rows[0]])
+                       for key, rows in groups.items()}
+        if len(groups) == 1 and next(iter(groups))[1] == g:
+            (key, rows), = groups.items()
+            v = rules[key[0]].verify(drafts, draft_probs, target_probs, verify_gens[key])
+            return v.tokens, v.num_accepted
+        calls: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        for key in groups:
+            calls.setdefault(key[:2] if rules[key[0]].row_draws else key, []).append(key)
+        tokens = torch.empty(len(seqs), g + 1, dtype=torch.long, device=self.device)
+        accepted = torch.empty(len(seqs), dtype=torch.long, device=self.device)
+        for (rule_id, row_gamma, *_), keys in calls.items():
+            rows = sorted(i for key in keys for i in groups[key])
+            idx = torch.tensor(rows, device=self.device)
+            if len(keys) == 1:
+                generator = verify_gens[keys[0]]
+            else:
+                position = {row: n for n, row in enumerate(rows)}
+                generator = RowGenerators([(verify_gens[key], torch.tensor([position[i] for i in groups[key]],
+                                                                           device=self.device))
+                                           for key in keys], len(rows))
+            v = rules[rule_id].verify(drafts[idx, :row_gamma], draft_probs[idx, :row_gamma],
+                                      target_probs[idx, :row_gamma + 1], generator)
+            tokens[idx, :row_gamma + 1], accepted[idx] = v.tokens, v.num_accepted
+        return tokens, accepted

@@ -3,8 +3,7 @@ whichever the measurements say gives more tokens per second at this batch size.
 
 On a GPU a verify step over γ+1 positions costs about one decode step, so speculation pays at any batch;
 on a CPU the forward's cost grows with the tokens it scores, so whether it pays depends on the batch,
-the acceptance and the machine (embedded model on the shared 2-core CPU: between 0.6x and 1.1x of
-target-only at batch 12, depending on the run). The policy keeps, per batch-size class (1, 2-3, 4-7,
+the acceptance and the machine. The policy keeps, per batch-size class (1, 2-3, 4-7,
 8-15, ...) and mode, the median of the latest steps' costs per sequence, and the mean of tokens emitted
 per sequence over the last `window` speculative steps (which carries the measured acceptance), and picks
 the mode with the higher expected rate
@@ -13,11 +12,10 @@ the mode with the higher expected rate
 
 A mode not yet timed in a class is tried; the losing mode is re-timed every `retry_every` steps of that
 class, so a change of load or acceptance is noticed. Tokens per speculative step vary from 1 to γ+1 step
-to step, and while target-only wins the estimate only hears from retries, so a short average locks
-speculation out after a chance dip: with an exponential average (weight 0.2) a batch-1 stream whose
-speculation paid 13% speculated on a quarter of its steps (tests/engine/test_engine_spec_policy.py); the
-mean over 128 steps keeps it on for ~90% of them and still turns it off within ~70 steps of a real
-collapse. A speculative step right after target-only ones also feeds the draft the tokens it missed; that
+to step, and while target-only wins the estimate only hears from retries, so a short average would lock
+speculation out after a chance dip: the mean over the last `window` speculative steps rides out such dips
+(tests/engine/test_engine_spec_policy.py), while a lasting change of acceptance moves it within `window`
+steps. A speculative step right after target-only ones also feeds the draft the tokens it missed; that
 switching cost is left out of the timing. Steps are timed by the engine thread's CPU time where torch runs
 on that thread alone (engine.llm_engine), so other processes on a shared machine do not skew the choice.
 Decisions depend only on step counts and measured times, never on a random draw, so the per-request
@@ -50,7 +48,7 @@ class _Timing:
 
 @dataclass
 class SpeculationPolicy:
-    gamma: int
+    num_speculative_tokens: int  # γ of the engine; 0: never speculate
     mode: str = "auto"  # "auto" | "always"
     window: int = 128  # speculative steps whose tokens per sequence are averaged
     retry_every: int = 20  # steps in one batch-size class between re-timings of the mode not chosen
@@ -75,7 +73,7 @@ class SpeculationPolicy:
 
     def speculate(self, batch: int) -> bool:
         """Whether the next step of `batch` sequences should speculate."""
-        if self.gamma == 0:
+        if self.num_speculative_tokens == 0:
             return False
         if self.mode == "always":
             return True

@@ -11,6 +11,6 @@ def adopt_torch_threads() -> None:
     torch records the count process-wide, but OpenMP, which runs torch's and MKL's parallel regions, keeps
     it per OS thread: a thread started after the setting runs its parallel regions with OpenMP's default,
     one worker per core. On a small CPU the engine and codec threads then each spread over every core and
-    spin against each other; on this 2-core machine two threads doing small matmuls at once each ran 2.3x
-    slower than with the count applied in-thread. Call at the start of each worker thread."""
+    spin against each other, each slower than with the count applied in-thread. Call at the start of each
+    worker thread."""
     torch.set_num_threads(torch.get_num_threads())

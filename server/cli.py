@@ -24,7 +24,7 @@ def set_torch_threads(settings) -> None:
         import torch
 
         # The engine and codec threads each run small torch ops; one intra-op thread apiece keeps them from
-        # oversubscribing a small CPU (measured ~1.5x faster end to end on 2 busy cores).
+        # oversubscribing a small CPU.
         torch.set_num_threads(settings.effective_torch_threads)
 
 

@@ -69,8 +69,9 @@ class ServerSettings:
                                            "and codec threads would contend, else torch's; 0 = torch's)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",
                          factory=lambda: str(_default_data_dir()))
-    shared_voices: int = _opt(0, "1: data_dir is shared by several replicas (a ReadWriteMany volume); the "
-                                 "voice index then uses file locks, not WAL (the volume needs POSIX locks)")
+    shared_voices: bool = _opt(False, "1 (or true): data_dir is shared by several replicas (a ReadWriteMany "
+                                      "volume); the voice index then uses file locks, not WAL (the volume "
+                                      "needs POSIX locks)")
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on /v1/*")
     max_upload_mb: float = _opt(10.0, "largest voice upload / inline ref_audio, MiB")
     max_voices: int = _opt(1000, "most uploaded voices kept")
@@ -116,10 +117,20 @@ def env_name(name: str) -> str:
     return "PCGTTS_" + name.upper()
 
 
-def _field_type(f) -> type:
+def flag(text: str) -> bool:
+    """A yes/no setting's value: 1, true, yes, on or 0, false, no, off (any case)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1 or 0 (true/false, yes/no, on/off), got {text!r}")
+
+
+def _field_type(f):
     # Annotations are strings under `from __future__ import annotations`; the first type in them decides.
     text = f.type if isinstance(f.type, str) else f.type.__name__
-    return {"int": int, "float": float}.get(text.split(" ")[0].split("|")[0].strip(), str)
+    return {"int": int, "float": float, "bool": flag}.get(text.split(" ")[0].split("|")[0].strip(), str)
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:

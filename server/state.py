@@ -37,7 +37,7 @@ class AppState:
         self.settings = settings
         self.started_at = int(time.time())
         self.model_name = Path(settings.model).name if settings.model else Path(TTSConfig().model_dir).name
-        self.store = VoiceStore(settings.voices_dir, shared=bool(settings.shared_voices))
+        self.store = VoiceStore(settings.voices_dir, shared=settings.shared_voices)
         self.limits = VoiceLimits(settings.max_upload_bytes, settings.min_voice_seconds,
                                   settings.max_voice_seconds)
         self.metrics = ServerMetrics(self.model_name, self._engine_stats, self._codec_stats)

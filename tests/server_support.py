@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -146,11 +147,12 @@ class LiveServer:
         self._thread.join(timeout=30)
 
 
-def wait_until(condition, what: str, timeout: float = 10.0) -> None:
-    """Polls `condition()` until it holds; fails with `what` if it still does not after `timeout` s."""
+def wait_until(condition, what: str | Callable[[], str], timeout: float = 10.0) -> None:
+    """Polls `condition()` until it holds; fails with `what` (or what it returns, read at the deadline) if
+    it still does not after `timeout` s."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.01)
 
 
@@ -162,15 +164,27 @@ def wait_running(service, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def wait_idle(service, timeout: float = 10.0) -> float:
-    """Seconds until the engine has no running or waiting request and no KV block in use."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        s = service.engine_stats()
-        if s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0:
-            return time.monotonic() - start
-        time.sleep(0.01)
-    raise AssertionError(f"engine still busy after {timeout} s: {service.engine_stats()}")
+def idle(service) -> bool:
+    """The engine has no running or waiting request and no KV block in use."""
+    s = service.engine_stats()
+    return s.num_running == 0 and s.num_waiting == 0 and s.kv_usage == 0
+
+
+def wait_idle(service, timeout: float = 10.0) -> None:
+    """Until the engine is idle; fails with its counters if it still is not after `timeout` s."""
+    wait_until(lambda: idle(service), lambda: f"engine still busy: {service.engine_stats()}", timeout)
+
+
+def aborted(service) -> int:
+    """Requests the engine has ended by abort so far."""
+    return service.engine_stats().finished.get("abort", 0)
+
+
+def wait_aborted(service, aborted_before: int, timeout: float = 10.0) -> None:
+    """Until the engine is idle after aborting a request (more aborts than `aborted_before`): a request
+    whose client left was cut off and freed, not run to its end."""
+    wait_until(lambda: idle(service) and aborted(service) > aborted_before,
+               lambda: f"no request aborted and freed: {service.engine_stats()}", timeout)
 
 
 def tone(seconds: float, rate: int = 22050, freq: float = 180.0) -> np.ndarray:

@@ -295,7 +295,8 @@ class TTSService:
 
         if not self.engine_gamma:
             return ["none"]
-        rules = sorted(RULES, key=uses_asg_table)  # token-level rules first
+        # token-level rules first; an engine may serve fewer (vLLM: exact and pcg)
+        rules = sorted(getattr(self.engine, "acceptance_rules", RULES), key=uses_asg_table)
         return [rule for rule in rules if self.asg_table_names or not uses_asg_table(rule)]
 
     @property

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
-from pcgtts.engine.acceptance.sampling import sample_rows, uniform
+from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
 from pcgtts.engine.acceptance.verdict import Verdict
 
 
@@ -82,6 +82,32 @@ def assemble(
     return Verdict(tokens=place(draft_tokens, last_token), num_accepted=num_accepted, groups=groups)
 
 
+def token_level_verdict(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    accepted: torch.Tensor,
+    u_emit: torch.Tensor,
+    subtrahend: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Verdict:
+    """The verdict of a token-level rule from its test: the accepted prefix of Bool[B, γ], then one token
+    drawn with u_emit (Float64[B]) from norm[q - s]_+ at the emission position, where s is p there (the
+    exact residual; 0 at the bonus slot) or subtrahend(p there, the rejected draft token)."""
+    g = draft_tokens.shape[1]
+    num_accepted = count_accepted(accepted)
+    taken = draft_rows_or_zero(draft_probs, num_accepted)  # [B, V], zero on bonus rows
+    if subtrahend is not None:
+        x = torch.gather(draft_tokens, 1, num_accepted.clamp(max=g - 1)[:, None]).squeeze(1)
+        taken = subtrahend(taken, x)
+    residual = rows_at(target_probs, num_accepted).sub_(taken).clamp_(min=0.0)  # [B, V], own copy
+    # A residual can vanish only where p == q, which rejects with probability 0; fall back to q there so
+    # the vectorised draw is always well defined.
+    empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
+    if empty.numel():
+        residual[empty] = target_probs[empty, num_accepted[empty]].float()
+    return assemble(draft_tokens, num_accepted, sample_rows(residual, None, u=u_emit))
+
+
 class AcceptanceRule(ABC):
     """verify(draft_tokens, draft_probs, target_probs, generator) -> Verdict."""
 
@@ -93,6 +119,8 @@ class AcceptanceRule(ABC):
     # does not depend on the data: then `generator` may be a RowGenerators (rows with their own generators
     # verified in one call, each drawing what it would alone).
     row_draws: bool = False
+    # Whether the rule's verify has a compiled twin (engine/ops): then it takes `ops=` (the forms to run).
+    has_compiled_form: bool = False
 
     @abstractmethod
     def verify(
@@ -132,15 +160,7 @@ class TokenLevelRule(AcceptanceRule):
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
         check_shapes(draft_tokens, draft_probs, target_probs)
         b, g = draft_tokens.shape
-        u = uniform((b, g), generator, draft_probs.device)
-        num_accepted = count_accepted(self.accept(draft_tokens, draft_probs, target_probs, u))
-        p_rows = draft_rows_or_zero(draft_probs, num_accepted)  # [B, V], zero on bonus rows
-        x = torch.gather(draft_tokens, 1, num_accepted.clamp(max=g - 1)[:, None]).squeeze(1)
-        subtrahend = self.recovery_subtrahend(p_rows, x)
-        residual = rows_at(target_probs, num_accepted).sub_(subtrahend).clamp_(min=0.0)  # [B, V], own copy
-        # A residual can vanish only where p == q, which rejects with probability 0; fall back to q there so
-        # the vectorised draw is always well defined.
-        empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
-        if empty.numel():
-            residual[empty] = target_probs[empty, num_accepted[empty]].float()
-        return assemble(draft_tokens, num_accepted, sample_rows(residual, generator))
+        u = VerifyUniforms.draw(generator, b, g, draft_probs.device)
+        accepted = self.accept(draft_tokens, draft_probs, target_probs, u.accept)
+        return token_level_verdict(draft_tokens, draft_probs, target_probs, accepted, u.emit,
+                                   self.recovery_subtrahend)

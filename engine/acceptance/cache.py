@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from pcgtts.engine.acceptance.base import AcceptanceRule
+from pcgtts.engine.ops import Ops
 
 # Parameters through which a group rule is given its groups directly instead of an ASG table file.
 _OWN_GROUPS = ("table", "embeddings", "neighbours")
@@ -17,13 +18,15 @@ _OWN_GROUPS = ("table", "embeddings", "neighbours")
 
 class RuleCache:
     def __init__(self, default: str, params: dict | None = None, tables: dict[str, Path] | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", ops: Ops | None = None):
         """default: the rule of requests that name none; params: its extra parameters (only it gets them);
-        tables: ASG table files by name, the default table first."""
+        tables: ASG table files by name, the default table first; ops: the forms of the per-step
+        operations (engine/ops), handed to every rule with a compiled form."""
         self.default = default
         self.params = dict(params or {})
         self.tables = {name: Path(path) for name, path in (tables or {}).items()}
         self.device = torch.device(device)
+        self.ops = ops
         self._loaded: dict[str, object] = {}  # ASG tables by name
         self._rules: dict[tuple[str, str | None], AcceptanceRule] = {}
 
@@ -57,7 +60,7 @@ class RuleCache:
     def get(self, name: str | None = None, table: str | None = None) -> AcceptanceRule:
         """The rule called `name` (None = the default) over the ASG table called `table` (None = the
         default; only rules that use a table take one)."""
-        from pcgtts.engine.acceptance import make_rule
+        from pcgtts.engine.acceptance import make_rule, rule_class
 
         key = self._key(name, table)
         if key not in self._rules:
@@ -65,6 +68,8 @@ class RuleCache:
             params = dict(self.params) if rule == self.default else {}
             if table is not None:
                 params["table"] = self._table(table)
+            if rule_class(rule).has_compiled_form and self.ops is not None:
+                params.setdefault("ops", self.ops)
             self._rules[key] = make_rule(rule, **params)
         return self._rules[key]
 

@@ -7,6 +7,8 @@ can never be returned (searchsorted(right=True) lands on a strictly rising step 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -38,10 +40,33 @@ def uniform(shape: tuple[int, ...], generator: torch.Generator | RowGenerators |
     return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
 
 
+@dataclass(frozen=True)
+class VerifyUniforms:
+    """Every uniform one verify call uses, drawn in one place and one order, so that the forms of a verify
+    (engine/ops/verify.py) and the rules that share its steps draw the same tokens from the same seed.
+
+    accept: Float64[B, γ]  position i's acceptance test (for group rules also its label: draw_label)
+    emit:   Float64[B]     the emitted token at the first rejection or the bonus slot (group rules: its group)
+    token:  Float64[B]     group rules: the token inside the emitted group (None for token-level rules)
+    """
+
+    accept: torch.Tensor
+    emit: torch.Tensor
+    token: torch.Tensor | None = None
+
+    @classmethod
+    def draw(cls, generator: torch.Generator | RowGenerators | None, rows: int, gamma: int,
+             device: torch.device, in_group: bool = False) -> VerifyUniforms:
+        """Draws accept, then emit, then (in_group) token."""
+        accept = uniform((rows, gamma), generator, device)
+        emit = uniform((rows,), generator, device)
+        return cls(accept, emit, uniform((rows,), generator, device) if in_group else None)
+
+
 BLOCK = 256  # tokens per block of the two-level inverse CDF
 # Up to this many weights in all (rows x categories) one float64 cumulative sum is cheaper than the two levels
-# (about 20 small ops, ~160 µs on a 2.6 GHz Xeon core: more than a 65,536-long cumulative sum for one row, or
-# an 8,192-long one for six; beyond that the float64 copy of every row costs more).
+# (about 20 small ops, which cost more than one cumulative sum of this length); beyond it the float64 copy of
+# every row costs more.
 SINGLE_PASS_MAX_ELEMENTS = 1 << 16
 
 

@@ -8,7 +8,7 @@ the SSD paper β = 0.4).
 from __future__ import annotations
 
 from pcgtts.engine.acceptance.base import TokenLevelRule
-from pcgtts.engine.acceptance.exact import ratio_test
+from pcgtts.engine.ops.verify import ratio_test
 
 
 class SSDRule(TokenLevelRule):

@@ -25,8 +25,8 @@ class TopKRule(TokenLevelRule):
         q_x = token_probs(q, draft_tokens)  # [B, γ]
         if self.k >= q.shape[-1]:
             return q_x > 0
-        # x is in the top k iff q(x) reaches the k-th largest value (torch.topk measured ~3x faster on CPU
-        # than counting the tokens above q(x) with one comparison pass)
+        # x is in the top k iff q(x) reaches the k-th largest value (torch.topk costs less on CPU than
+        # counting the tokens above q(x) with one comparison pass)
         kth = torch.topk(q, self.k, dim=-1).values[..., -1].float()  # [B, γ]
         return (q_x > 0) & (q_x >= kth)
 

@@ -9,9 +9,8 @@ already summarises the whole context; the head only has to fold in x_{t+1}:
 and the target's own LM head turns f_{t+1} into the draft distribution of x_{t+2}. γ proposals chain the head
 on its own predicted states. No attention, so no KV cache: a draft step is a few small matrix products and
 the draft has nothing to prefill or roll back. At batch 1 on a CPU a step costs about the bytes of its
-weights (the demo bundle's head, FFN 384: c = 0.08-0.09 of a target forward, against 0.14 with FFN 1,024
-and 0.16 for the 1-layer Llama draft, which accepts far less). E is the target's embedding table (shared,
-not stored).
+weights, a small fraction of a target forward (`pcgtts bench step` measures it as c). E is the target's
+embedding table (shared, not stored).
 
 Checkpoint: a directory with config.json ({"architectures": ["PcgttsFeatureHead"], hidden_size,
 intermediate_size, num_blocks, vocab_size, rms_norm_eps}) and model.safetensors with

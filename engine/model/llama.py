@@ -61,8 +61,8 @@ class Projection:
     """y = x Wᵀ + b for a checkpoint matrix W [out, in].
 
     On CPU W is stored transposed, input-major ([in, out], contiguous), and applied as x @ W: MKL's GEMM
-    for the few rows of a decode or verify forward (1-64) runs 1.3-4x faster on that layout than on
-    x @ Wᵀ (`F.linear`), and no slower for prefill-sized inputs. Elsewhere (CUDA) `F.linear`.
+    for the few rows of a decode or verify forward (1-64) runs faster on that layout than on x @ Wᵀ
+    (`F.linear`), and no slower for prefill-sized inputs. Elsewhere (CUDA) `F.linear`.
     `copy=False` keeps W as given (F.linear): a tied head shares its matrix with the embedding."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, copy: bool = True):

@@ -13,9 +13,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from pcgtts.engine.ops import Ops
 
 
 @dataclass
@@ -45,11 +49,12 @@ class DecodeConstraint(ABC):
 
     @classmethod
     def apply_rows(cls, constraints: Sequence[DecodeConstraint], logits: torch.Tensor,
-                   histories: Sequence[Sequence[Sequence[int]]]) -> torch.Tensor:
+                   histories: Sequence[Sequence[Sequence[int]]], ops: Ops | None = None) -> torch.Tensor:
         """Several requests at once: logits [R, P, V], row r constrained by constraints[r] (all of class
         `cls`) with histories[r] (P lists) -> [R, P, V]. Families override it to constrain the whole batch
         in a few tensor ops (a decoding step pays per op, not per element); the result must equal each
-        row's `apply`."""
+        row's `apply`. ops: the engine's choice of forms for an operation in engine/ops (None: the one
+        that applies to the logits)."""
         return torch.stack([c.apply(rows, h) for c, rows, h in zip(constraints, logits, histories,
                                                                     strict=True)])
 

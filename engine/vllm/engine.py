@@ -39,6 +39,7 @@ from pcgtts.engine.errors import EngineFault, EngineOverloaded, EngineShutdown, 
 from pcgtts.engine.metrics import EngineMetrics
 from pcgtts.engine.vllm.settings import VerifySettings, request_extra_args
 from pcgtts.engine.vllm.stats import VllmCounters, stat_logger_factory
+from pcgtts.engine.vllm.verify import RULES, check_rule
 from pcgtts.engine.vllm.versions import check_vllm
 
 log = logging.getLogger("pcgtts.engine.vllm")
@@ -108,9 +109,12 @@ class VllmEngine:
 
     name = "vllm"
     per_request_gamma = False  # vLLM drafts and verifies γ for every request alike
+    acceptance_rules = RULES  # its own sampler (exact) and PCG through the plugin
 
     def __init__(self, config: EngineConfig, options: VllmOptions | None = None):
         self.dist, self.version = check_vllm()
+        if config.draft and config.num_speculative_tokens:
+            check_rule(config.acceptance)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.config = config
@@ -137,6 +141,7 @@ class VllmEngine:
         params.check()
         prompt_ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         if self.num_speculative_tokens:
+            check_rule(params.acceptance or self.config.acceptance)
             self._rules.check(params.acceptance, params.asg_table)
         if params.num_speculative_tokens not in (None, self.num_speculative_tokens):
             raise ValueError("vLLM verifies the engine's γ for every request (no per-request "

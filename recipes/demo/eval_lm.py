@@ -38,10 +38,12 @@ class Item:
     speaker: str
 
 
-def _engine(bundle: ModelBundle, *, draft: bool, target_dir: Path | None = None, gamma: int = 3) -> Engine:
+def _engine(bundle: ModelBundle, *, draft: bool, target_dir: Path | None = None,
+            num_speculative_tokens: int = 3) -> Engine:
     return Engine(EngineConfig(target=str(target_dir or bundle.target_dir),
                                draft=str(bundle.draft_dir) if draft else None,
-                               acceptance="exact", num_speculative_tokens=gamma if draft else 0))
+                               acceptance="exact",
+                               num_speculative_tokens=num_speculative_tokens if draft else 0))
 
 
 def _generate(engine: Engine, family, items: list[Item], temperature: float, seed: int,
@@ -204,7 +206,7 @@ def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1
         gens, secs = _generate(_engine(bundle, draft=False, target_dir=bundle.draft_dir), family, items,
                                temperature, seeds[0])
         report["draft_alone"] = score(gens, items, family, codec, transcriber) | {"generate_seconds": secs}
-        spec_engine = _engine(bundle, draft=True, gamma=3)
+        spec_engine = _engine(bundle, draft=True, num_speculative_tokens=3)
         gens, secs = _generate(spec_engine, family, items, temperature, seeds[0])
         drafted = sum(g.num_drafted for g in gens)
         accepted = sum(g.num_accepted for g in gens)

@@ -47,7 +47,7 @@ def _fmt(x, digits: int = 3) -> str:
 
 def expected_speedup(tokens_per_step: float, cost_ratio: float, gamma: int) -> float:
     """Speed-up over target-only decoding if a (γ+1)-token verify cost one target forward (memory-bound, as
-    on a GPU; on this CPU it costs about 2x): tokens per step over the step's cost γ·c + 1 target forwards.
+    on a GPU; on a CPU it costs more): tokens per step over the step's cost γ·c + 1 target forwards.
     Take tokens_per_step as measured (1 + accepted / steps): the accepted/drafted rate counts every draft
     after a rejection as rejected, so it is not Leviathan's per-token α."""
     return tokens_per_step / (gamma * cost_ratio + 1)

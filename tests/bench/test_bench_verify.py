@@ -6,7 +6,7 @@ import json
 
 import torch
 from pcgtts.bench.bundle_verify import capture_steps, exact_engine
-from pcgtts.bench.step_speed import speech_requests
+from pcgtts.bench.common import speech_requests
 from pcgtts.tts.bundle import ModelBundle
 from server_support import build_tiny_bundle
 

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 from pcgtts.engine.speech.base import VoicePrompt
-from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint, merge_markers_torch
-from pcgtts.engine.speech.demo.constraint_cpu import merge_markers_cpu
+from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
 from pcgtts.engine.speech.demo.espeak import Voice, phonemize, synthesize
 from pcgtts.engine.speech.demo.family import DemoPhonemeFamily
 from pcgtts.engine.speech.demo.layout import (
@@ -271,24 +270,3 @@ def test_several_requests_constrained_at_once_match_each_alone():
     for r, constraint in enumerate(constraints):
         assert torch.equal(together[r], constraint.apply(logits[r].clone(), histories[r]))
     assert _probs(together[0])[1, 17].item() == 1.0 and _probs(together[1])[1, 16].item() == 0.0
-
-
-def test_compiled_marker_merge_matches_the_torch_ops():
-    """The CPU loop (constraint_cpu.py) and the torch ops (CUDA, other dtypes) give the same logits for free,
-    forced and held rows, including a row whose marker logits are all -inf (merged mass -inf, not NaN)."""
-    constraint = MarkerMergeConstraint(VOCAB, [16])
-    merge_cols, closed = constraint._masks(torch.device("cpu"))
-    gen = torch.Generator().manual_seed(6)
-    flat = 4 * torch.randn(64, VOCAB.vocab_size, generator=gen)
-    flat[3, merge_cols] = float("-inf")
-    targets = torch.randint(int(merge_cols.min()), int(merge_cols.max()) + 1, (64,), generator=gen).tolist()
-    forced = (torch.rand(64, generator=gen) < 0.2).tolist()
-    held = [h and not f for h, f in zip((torch.rand(64, generator=gen) < 0.2).tolist(), forced, strict=True)]
-    forced[3] = held[3] = False
-    want = merge_markers_torch(flat, merge_cols, closed, targets, forced, held)
-    got = torch.empty_like(flat)
-    merge_markers_cpu(flat.numpy(), merge_cols.numpy(), closed.numpy(), np.array(targets), np.array(forced),
-                      np.array(held), torch.finfo(flat.dtype).min, got.numpy())
-    assert any(forced) and any(held) and not bool(torch.isnan(got).any())
-    assert got[3, targets[3]].item() == float("-inf")
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=0.0)

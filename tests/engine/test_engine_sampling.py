@@ -37,7 +37,7 @@ SETTINGS = {
     "penalty+constraint+topk": SamplingParams(temperature=0.8, top_k=7, repetition_penalty=1.5, max_tokens=2,
                                               constraint=MergeOnto()),
     "topp": SamplingParams(temperature=1.3, top_p=0.8, max_tokens=2),
-    # temperature only: softmax and draw run as one compiled loop on CPU (engine/sampling_cpu.py)
+    # temperature only: softmax and draw run as one op (engine/ops/softmax_draw.py)
     "penalty+constraint": SamplingParams(temperature=0.9, repetition_penalty=1.5, max_tokens=2,
                                          constraint=MergeOnto()),
 }
@@ -222,25 +222,3 @@ def test_per_request_asg_table(models, tmp_path):
     assert rate["everything"] == 1.0 and rate["singletons"] < 0.95
     with pytest.raises(ValueError, match="no ASG table named"):
         engine.generate([PROMPT], replace(SETTINGS["topp"], asg_table="missing"))
-
-
-def test_compiled_softmax_and_draw_match_the_torch_ops():
-    """softmax_draw_cpu gives softmax(logits / T) and the token sample_rows draws from those probabilities
-    with the same uniforms, writing into strided rows (a position of the draft's [B, γ, V] buffer)."""
-    from pcgtts.engine.acceptance.sampling import sample_rows
-    from pcgtts.engine.sampling_cpu import softmax_draw_cpu
-
-    gen = torch.Generator().manual_seed(8)
-    rows, vocab = 256, 1200
-    logits = 4 * torch.randn(rows, vocab, generator=gen)
-    logits[::7, :600] = torch.finfo(torch.float32).min  # masked columns (what a constraint leaves)
-    temperature = 0.3 + torch.rand(rows, generator=gen)
-    u = torch.rand(rows, generator=gen, dtype=torch.float64)
-    buffer = torch.zeros(rows, 3, vocab)
-    tokens = torch.empty(rows, dtype=torch.long)
-    softmax_draw_cpu(logits.numpy(), temperature.numpy(), u.numpy(), buffer[:, 1].numpy(), tokens.numpy())
-    want = torch.softmax(logits / temperature[:, None], dim=-1)
-    torch.testing.assert_close(buffer[:, 1], want, rtol=1e-5, atol=1e-8)
-    assert torch.equal(buffer[:, 0], torch.zeros(rows, vocab))  # only the given position was written
-    assert torch.equal(tokens, sample_rows(buffer[:, 1].contiguous(), None, u))
-    assert bool((tokens[::7] >= 600).all())

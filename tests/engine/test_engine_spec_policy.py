@@ -21,7 +21,7 @@ def drive(policy: SpeculationPolicy, batch: int, seconds: dict[bool, float], tok
 
 
 def test_policy_picks_the_faster_mode_per_batch_size_and_retries_the_other():
-    policy = SpeculationPolicy(gamma=3, retry_every=10)
+    policy = SpeculationPolicy(num_speculative_tokens=3, retry_every=10)
     # batch 1: a speculative step takes 1.5x a plain one and emits 2.4 tokens -> speculate
     small = drive(policy, 1, {True: 0.015, False: 0.010}, 2.4, 40)
     assert small[:2] == [True, False]  # each mode timed once
@@ -50,7 +50,7 @@ def test_chance_dips_in_tokens_per_step_do_not_lock_speculation_out():
             n += 1
         return n
 
-    policy = SpeculationPolicy(gamma=3)
+    policy = SpeculationPolicy(num_speculative_tokens=3)
     speculated = 0
     for _ in range(3000):
         spec = policy.speculate(1)
@@ -61,10 +61,11 @@ def test_chance_dips_in_tokens_per_step_do_not_lock_speculation_out():
 
 
 def test_always_and_no_draft():
-    assert all(drive(SpeculationPolicy(gamma=3, mode="always"), 8, {True: 9.0, False: 0.1}, 1.0, 5))
-    assert not any(drive(SpeculationPolicy(gamma=0), 8, {True: 0.1, False: 9.0}, 1.0, 5))
+    always = SpeculationPolicy(num_speculative_tokens=3, mode="always")
+    assert all(drive(always, 8, {True: 9.0, False: 0.1}, 1.0, 5))
+    assert not any(drive(SpeculationPolicy(num_speculative_tokens=0), 8, {True: 0.1, False: 9.0}, 1.0, 5))
     with pytest.raises(ValueError):
-        SpeculationPolicy(gamma=3, mode="sometimes")
+        SpeculationPolicy(num_speculative_tokens=3, mode="sometimes")
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_switching_modes_between_steps_keeps_greedy_exact_output_equal_to_target
 
 
 def test_the_draft_catch_up_step_after_target_only_steps_is_not_timed():
-    policy = SpeculationPolicy(gamma=3, retry_every=5)
+    policy = SpeculationPolicy(num_speculative_tokens=3, retry_every=5)
     drive(policy, 4, {True: 0.02, False: 0.01}, 1.2, 12)  # target-only wins; speculation is retried
     timed = list(policy._timing(4, True).samples)
     # each retry after target-only steps runs two speculative steps; the first (catch-up) one is dropped,

@@ -30,6 +30,22 @@ def test_flags_override_environment_override_defaults():
     assert settings.host == ServerSettings().host and settings.model is None  # defaults: embedded model
 
 
+def test_shared_voices_is_a_flag():
+    """Off by default; 1 / true / yes / on and 0 / false / no / off from the environment or the command line;
+    anything else is an error, not a silent truthy string."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert ServerSettings().shared_voices is False
+    for text, value in (("1", True), ("true", True), ("Yes", True), ("on", True), ("0", False),
+                        ("off", False)):
+        assert settings_from(None, {"PCGTTS_SHARED_VOICES": text}).shared_voices is value
+    assert settings_from(parser.parse_args(["--shared-voices", "1"]), {}).shared_voices is True
+    with pytest.raises(ValueError, match="expected 1 or 0"):
+        settings_from(None, {"PCGTTS_SHARED_VOICES": "2"})
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shared-voices", "maybe"])
+
+
 def test_serve_help_documents_every_option():
     out = subprocess.run([sys.executable, "-m", "pcgtts.cli", "serve", "--help"], capture_output=True,
                          text=True, check=True).stdout

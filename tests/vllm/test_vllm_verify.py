@@ -1,7 +1,7 @@
 """The plugin's verify over vLLM's flattened layout gives our engine's PCG verdicts on the same inputs and
 uniforms: for every row it serves, the accepted prefix and the recovered token are those of
-`PCGRule.verify` on the row's padded tensors with the generator our engine would derive from the row's
-(engine.spec_decode), and a fully accepted row ends with vLLM's bonus token. Rows vLLM keeps (greedy,
+`PCGRule.verify` (torch forms) on the row's own tensors with the row's generator, and a fully accepted row
+ends with vLLM's bonus token. Rows vLLM keeps (greedy,
 `exact`) are left as vLLM's sampler wrote them; a row with no drafts emits its bonus token alone.
 
 No vLLM process here: `FlatVerifier.sample` is called as vLLM's rejection sampler calls it, with a stand-in
@@ -17,7 +17,7 @@ import pytest
 import torch
 from pcgtts.asg_tables import build_asg
 from pcgtts.engine.acceptance.pcg import PCGRule
-from pcgtts.engine.spec_decode import _verify_generator
+from pcgtts.engine.ops import TORCH_OPS
 from pcgtts.engine.vllm.settings import VerifySettings
 from pcgtts.engine.vllm.verify import PLACEHOLDER, FlatVerifier
 
@@ -66,13 +66,12 @@ def flat_step(seed: int):
             target_logits, bonus, bonus_probs)
 
 
-@pytest.mark.parametrize("residual,compiled",
-                         [("enumerate", True), ("enumerate", False), ("thinning", False)])
-def test_plugin_verdicts_equal_our_engines_pcg(table_file, residual, compiled):
+@pytest.mark.parametrize("residual", ["enumerate", "thinning"])
+def test_plugin_verdicts_equal_our_engines_pcg(table_file, residual):
     settings = VerifySettings(acceptance="pcg", asg_table=str(table_file),
-                              acceptance_params={"residual": residual, "compiled": compiled})
+                              acceptance_params={"residual": residual})
     verifier = FlatVerifier(settings, "cpu")
-    reference = PCGRule(str(table_file), residual=residual, compiled=compiled)
+    reference = PCGRule(str(table_file), residual=residual, ops=TORCH_OPS)
     outcomes = {"rejected": 0, "all accepted": 0}
     for seed in range(12):
         drafts, cu, p, logits, bonus, bonus_probs = flat_step(seed)
@@ -96,7 +95,7 @@ def test_plugin_verdicts_equal_our_engines_pcg(table_file, residual, compiled):
             s = slice(starts[b], starts[b] + n)
             # our engine's inputs for this row: q at the drafts, then its real next distribution
             target = torch.cat([logits[s].softmax(-1), bonus_probs[b:b + 1]])[None]  # [1, n+1, V]
-            gen = _verify_generator(torch.Generator().manual_seed(seeds[b]))
+            gen = torch.Generator().manual_seed(seeds[b])
             verdict = reference.verify(drafts[s].long()[None], p[s][None], target, gen)
             k = int(verdict.num_accepted)
             expected = verdict.tokens[0, :k + 1].tolist()
@@ -123,11 +122,15 @@ def test_steps_without_our_rows_are_vllms(table_file):
     assert verifier.row_choices is None, "a step's choices are used once"
 
 
-def test_unknown_choices_are_refused_before_they_reach_a_step(table_file):
+def test_choices_vllm_cannot_serve(table_file):
+    """Refused by `check` (the front end calls it before a request reaches vLLM); one that slips through
+    anyway verifies with vLLM's sampler instead of failing the step of every request."""
     verifier = FlatVerifier(VerifySettings(acceptance="pcg", asg_table=str(table_file)), "cpu")
     verifier.check("exact", None)
     verifier.check(None, table_file.stem)
-    with pytest.raises(ValueError, match="unknown acceptance rule"):
-        verifier.check("nonsense", None)
+    with pytest.raises(ValueError, match="does not run inside vLLM"):
+        verifier.check("lantern", None)
     with pytest.raises(ValueError, match="no ASG table named"):
         verifier.check("pcg", "other")
+    assert verifier.rule_for(("lantern", None)) is None and verifier.rule_for(("pcg", "other")) is None
+    assert isinstance(verifier.rule_for((None, None)), PCGRule)

@@ -37,12 +37,12 @@ R = TypeVar("R")
 @dataclass(frozen=True)
 class BlockGLConfig:
     # mel frames of final audio per block once the ramp is over. 16 rather than 32 on the embedded model:
-    # earlier and steadier audio when generation is barely faster than real time (pcgtts bench load:
-    # TTFA 0.52 vs 0.64 s, 75% vs 0% of streams without a stall) at codec WER 0.50 vs 0.47 (original 0.42).
+    # earlier and steadier audio when generation is barely faster than real time (`pcgtts bench load`), at
+    # a slightly higher codec round-trip WER (`pcgtts recipe demo eval`).
     block: int = 16
     left: int = 6  # context frames before the block (phase carried from the previous block)
     right: int = 6  # look-ahead frames after the block
-    iterations: int = 8  # 16 until issue 15: same codec round-trip WER (60 sentences), 1.66x less time
+    iterations: int = 8  # Griffin-Lim iterations per block: more cost time and gave no better round-trip WER
     momentum: float = 0.99
     crossfade: int = 320  # samples cross-faded at each block boundary (centred on it)
     first_block: int = 8  # frames of the first block; sizes double from here up to `block`
@@ -99,7 +99,7 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
                              return_complex=True)[..., :-1]
         phase = rebuilt - coef * prev
         prev = rebuilt
-        phase = torch.sgn(phase)  # x / |x|: ~2x faster than dividing by abs() on CPU
+        phase = torch.sgn(phase)  # x / |x| in one op, instead of dividing by abs()
     return torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length), phase
 
 

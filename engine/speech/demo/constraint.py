@@ -22,11 +22,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-import numpy as np
 import torch
-from pcgtts.engine.cpu_kernel import compiled_applies
+from pcgtts.engine.ops import Ops
+from pcgtts.engine.ops.marker_merge import MARKER_MERGE
 from pcgtts.engine.speech.base import DecodeConstraint
-from pcgtts.engine.speech.demo.constraint_cpu import merge_markers_cpu
 from pcgtts.engine.speech.demo.layout import END, DemoVocab
 
 
@@ -132,14 +131,13 @@ class MarkerMergeConstraint(DecodeConstraint):
         return self._masks_on[1], self._masks_on[2]
 
     @classmethod
-    def apply_rows(cls, constraints, logits, histories):
-        """logits [R, P, V] -> [R, P, V]: one compiled loop over the rows on CPU (float32), else a fixed
-        number of tensor ops whatever R and P."""
+    def apply_rows(cls, constraints, logits, histories, ops: Ops | None = None):
+        """logits [R, P, V] -> [R, P, V]: the marker merge of all R·P positions in one call of the op
+        (engine/ops/marker_merge.py) in the form `ops` names (None: the one that applies to the logits)."""
         first = constraints[0]
         if any(c._vocab_key != first._vocab_key for c in constraints):  # other vocabularies: one at a time
-            return super().apply_rows(constraints, logits, histories)
+            return super().apply_rows(constraints, logits, histories, ops)
         r, p, v = logits.shape
-        flat = logits.reshape(r * p, v)
         targets, forced, held = [], [], []
         for c, h in zip(constraints, histories, strict=True):
             t, f, hd = c._plan(h)
@@ -147,31 +145,5 @@ class MarkerMergeConstraint(DecodeConstraint):
             forced += f
             held += hd
         merge_cols, closed = first._masks(logits.device)
-        if flat.dtype == torch.float32 and compiled_applies(flat.device, v):
-            flat = flat.contiguous()
-            out = torch.empty_like(flat)
-            merge_markers_cpu(flat.numpy(), merge_cols.numpy(), closed.numpy(),
-                              np.array(targets, dtype=np.int64), np.array(forced, dtype=bool),
-                              np.array(held, dtype=bool), torch.finfo(flat.dtype).min, out.numpy())
-        else:
-            out = merge_markers_torch(flat, merge_cols, closed, targets, forced, held)
-        return out.view(r, p, v)
-
-
-def merge_markers_torch(flat: torch.Tensor, merge_cols: torch.Tensor, closed: torch.Tensor,
-                        targets: list[int], forced: list[bool], held: list[bool]) -> torch.Tensor:
-    """The marker merge of N rows in a fixed number of tensor ops: flat [N, V] -> [N, V] (constraint_cpu.py
-    has the same on CPU float32 as one compiled loop). merge_cols Long[M]: marker columns and <end>;
-    closed Bool[V]: those and the blocked specials; targets, forced, held: per row, from `_plan`."""
-    neg_inf = torch.finfo(flat.dtype).min
-    # over the marker columns only (M of V): the same sum as masking the rest to -inf, at M/V the cost
-    merged = torch.logsumexp(flat.index_select(1, merge_cols), dim=-1, keepdim=True).to(flat.dtype)
-    if any(forced) or any(held):  # rare (a phoneme at its cap or under its minimum): two more masks
-        forced_rows = torch.tensor(forced, device=flat.device)[:, None]  # Bool[N, 1]
-        out = flat.masked_fill(closed | forced_rows, neg_inf)
-        held_rows = torch.tensor(held, device=flat.device)[:, None]
-        merged = merged.masked_fill(forced_rows, 0.0).masked_fill_(held_rows, neg_inf)
-    else:
-        out = flat.masked_fill(closed, neg_inf)
-    # the merged mass onto each position's expected marker: [N, V]
-    return out.scatter_(1, torch.tensor(targets, device=flat.device)[:, None], merged)
+        merge = Ops.given_or_for(ops, logits).form(MARKER_MERGE)
+        return merge(logits.reshape(r * p, v), merge_cols, closed, targets, forced, held).view(r, p, v)

@@ -2,7 +2,7 @@
 
 numba caches compiled code next to the source (__pycache__) or in the user's cache directory, and refuses to
 decorate a `cache=True` function when neither is writable (a read-only install with no writable home): then
-the loop is compiled at each start instead (about a second) rather than the import failing.
+the loop is compiled at each start instead rather than the import failing.
 """
 
 from __future__ import annotations
@@ -10,17 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import torch
 from numba import njit
-
-# The compiled loops walk each row serially, O(V) per row, and are measured only at the demo vocabulary
-# (1,200 tokens): larger vocabularies (Llasa's 65,536 codes and more) keep the vectorised, threaded torch ops.
-COMPILED_MAX_V = 16384
-
-
-def compiled_applies(device: torch.device | str, vocab_size: int) -> bool:
-    """Whether the compiled loops serve tensors on `device` over `vocab_size` tokens (else: torch ops)."""
-    return torch.device(device).type == "cpu" and vocab_size <= COMPILED_MAX_V
 
 
 def cpu_kernel(signature: str | None = None) -> Callable[[Callable], Callable]:

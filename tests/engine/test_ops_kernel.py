@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numba.core.caching
-from pcgtts.engine.cpu_kernel import cpu_kernel
+from pcgtts.engine.ops.kernel import cpu_kernel
 
 
 def test_kernels_compile_without_a_writable_cache(monkeypatch):

@@ -1,0 +1,166 @@
+"""What every benchmark shares: the decode accounting (drafted / accepted / steps), the record of the machine
+a result was measured on, result files, and the speech requests the decoding benchmarks run.
+
+One name per quantity, in every benchmark, in bench/results/ and in the README:
+
+    tokens                  generated tokens (stop tokens included)
+    acceptance_rate         accepted / drafted: the share of draft tokens the target accepted (None if none)
+    tokens_per_verify_step  tokens / steps: the tokens a request gets per engine step it takes part in, each
+                            a draft-and-verify round when speculating (1 target-only, at most γ+1; a
+                            feature-head row's first step after its prompt is target-only)
+    mean_accepted_len       the DESIGN contract's name for tokens_per_verify_step in `bench acceptance` rows
+    tokens_per_s            tokens / wall-clock seconds
+    speedup                 tokens_per_s / target-only's tokens_per_s in the same run
+
+and the setting `num_speculative_tokens` (γ, draft tokens per step: the engine's and the HTTP API's name, in
+flags, parameters and result keys; γ or gamma only inside a formula).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from pcgtts.engine import Engine, Generation, SamplingParams
+    from pcgtts.tts.bundle import ModelBundle
+
+# Held-out style sentences (not from the training corpus's sources): plain, varied, 4-12 words.
+SENTENCES = [
+    "The little boat drifted slowly toward the northern shore.",
+    "Please bring three apples and a loaf of bread.",
+    "My brother plays the violin every Sunday evening.",
+    "The museum opens at nine and closes at five.",
+    "A cold wind blew across the empty parking lot.",
+    "She painted the kitchen a bright shade of yellow.",
+    "We should leave early to avoid the heavy traffic.",
+    "The old clock in the hallway stopped at midnight.",
+    "He forgot his umbrella on the crowded train.",
+    "Fresh snow covered the mountain road this morning.",
+    "Our teacher read a story about a clever fox.",
+    "The garden needs water after such a dry week.",
+    "They counted the stars until the clouds rolled in.",
+    "A quiet voice answered from behind the door.",
+    "The bakery on the corner sells warm pretzels.",
+    "Turn left at the bridge and follow the river.",
+]
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None when there is nothing to divide by."""
+    return num / den if num is not None and den else None
+
+
+@dataclass(frozen=True)
+class DecodeTally:
+    """Totals of a set of generations, and the quantities made of them."""
+
+    tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @classmethod
+    def of(cls, generations: Iterable[Generation]) -> DecodeTally:
+        gens = list(generations)
+        return cls(tokens=sum(len(g.token_ids) for g in gens), steps=sum(g.num_steps for g in gens),
+                   drafted=sum(g.num_drafted for g in gens), accepted=sum(g.num_accepted for g in gens))
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return ratio(self.accepted, self.drafted)
+
+    @property
+    def tokens_per_verify_step(self) -> float | None:
+        return ratio(self.tokens, self.steps)
+
+    @property
+    def mean_accepted_len(self) -> float | None:
+        """The DESIGN contract's name for tokens_per_verify_step in `bench acceptance` rows."""
+        return self.tokens_per_verify_step
+
+    def fields(self) -> dict:
+        """The counts and the two rates, as result rows carry them."""
+        return {"tokens": self.tokens, "steps": self.steps, "drafted": self.drafted,
+                "accepted": self.accepted, "acceptance_rate": self.acceptance_rate,
+                "tokens_per_verify_step": self.tokens_per_verify_step}
+
+
+def machine() -> dict:
+    """What a result was measured on: the CPU's model name, cores, torch and its threads, native bf16, the
+    CUDA device. Machines here are shared and noisy: compare only ratios taken side by side in one run."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from pcgtts.engine.model.loader import cpu_has_native_bf16
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "native_bf16": cpu_has_native_bf16(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def write_json(path: Path, data) -> Path:
+    """One result file (its folder made if missing), indented, newline-terminated."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def shown_path(path: Path) -> str:
+    """A path as results files show it: relative to the working directory, else its name (no machine
+    paths in results)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return Path(path).name
+
+
+def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens: int, seed: int = 0
+                    ) -> tuple[list[list[int]], list[SamplingParams]]:
+    """n speech requests of the bundle's family: SENTENCES[i] (cycled) in its i-th preset voice (cycled,
+    names sorted; none for a family without presets), seed + i, the family's stop tokens and constraint."""
+    from pcgtts.engine import SamplingParams
+
+    family = bundle.load_family()
+    presets = family.preset_voices()
+    voices = sorted(presets)
+    prompts, params = [], []
+    for i in range(n):
+        prompt = family.build_prompt(SENTENCES[i % len(SENTENCES)], presets[voices[i % len(voices)]]
+                                     if voices else None)
+        prompts.append(prompt.token_ids)
+        params.append(SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i,
+                                     stop_token_ids=prompt.stop_token_ids, constraint=prompt.constraint))
+    return prompts, params
+
+
+def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, list]]:
+    """The prompts (and their params) in consecutive batches of `batch_size`."""
+    return [(prompts[i:i + batch_size], params[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
+
+
+def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int = 3,
+                  decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
+                  compile_cache_dir: Path | None = None) -> Engine:
+    """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
+    `rule` (PCG over the bundle's ASG table)."""
+    from pcgtts.engine import Engine, EngineConfig
+
+    spec = rule != "target-only"
+    return Engine(EngineConfig(
+        target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
+        acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
+        num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
+        decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir))
