@@ -5,8 +5,8 @@
                   `additional_config["pcgtts"]`
     plugin.py     the `vllm.general_plugins` entry point: loaded in every vLLM process, it routes vLLM's
                   rejection sampling through verify.py and mends the CPU build's expand kernel (cpu_fix.py)
-    verify.py     vLLM's flattened speculative layout -> our rules' `verify` (one implementation with our
-                  engine: engine.spec_decode.verify_rows)
+    verify.py     PCG over vLLM's flattened speculative layout, on engine/ops/verify.py's plain tensor
+                  functions (group_test, residual_draw, residual_thinning): one implementation for both engines
     engine.py     `VllmEngine`: vLLM's AsyncLLM behind the streaming interface the TTS service drives
     stats.py      vLLM's scheduler/iteration stats -> engine.metrics.EngineMetrics (our /metrics names)
 
