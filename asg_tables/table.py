@@ -233,6 +233,14 @@ class ASGTable:
             json.loads(header.get("meta", "{}")),
         )
 
+    @staticmethod
+    def name_of(path: str | Path) -> str:
+        """The table's name: the one its build recorded (`meta["name"]`, e.g. "mel-0.35"), else its file's
+        stem. Reads the header only."""
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("meta", "{}"))
+        return str(meta.get("name") or Path(path).stem)
+
     def __repr__(self) -> str:
         return (
             f"ASGTable(vocab_size={self.vocab_size}, num_groups={self.num_groups}, "

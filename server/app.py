@@ -9,10 +9,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from pcgtts.server.drain import Drain
+from pcgtts.server.drain import Drain, quiet_expected_cuts
 from pcgtts.server.errors import APIError, install_error_handlers
+from pcgtts.server.limits import publish_limits, request_limits
 from pcgtts.server.routes import playground, speech, system, voices, ws
-from pcgtts.server.security import http_authorized, install_log_redaction
+from pcgtts.server.security import http_authorized, protect_key_in_logs
 from pcgtts.server.settings import ServerSettings
 from pcgtts.server.state import AppState
 from pcgtts.tts import TTSService
@@ -24,7 +25,9 @@ API_DESCRIPTION = """
 OpenAI-compatible text-to-speech with speculative decoding (PCG acceptance).
 
 * `POST /v1/audio/speech` streams audio (mp3, opus, aac, flac, wav, pcm; 24 kHz mono) or SSE events,
-  with extensions for an inline speaker prompt (`ref_audio` + `ref_text`), sampling and the acceptance rule.
+  with extensions for an inline speaker prompt (`ref_audio` + `ref_text`), sampling and the acceptance rule;
+  flac and wav come as complete files (lengths in their headers) unless the client asks for a stream
+  (`"stream": true`, SSE, or the openai SDK's `with_streaming_response`).
 * `/v1/audio/voices` uploads, lists and deletes cloned voices (persisted across restarts).
 * `WS /v1/audio/speech/stream` streams PCM for live playback (protocol below).
 * `/metrics` exports Prometheus metrics; `/health` and `/ready` are for probes; `/` is a playground.
@@ -117,9 +120,11 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
     settings = settings or ServerSettings()
     state = AppState(settings, service)
 
+    protect_key_in_logs(settings.api_key)  # every logger's records, from here on
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        install_log_redaction()  # after uvicorn has configured its loggers
+        quiet_expected_cuts()  # after uvicorn has configured its loggers
         state.start_loading()
         try:
             yield
@@ -140,4 +145,21 @@ def create_app(settings: ServerSettings | None = None, service: TTSService | Non
     for module in (speech, voices, ws, system, playground):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=playground.STATIC_DIR), name="static")
+    install_published_limits(app, state)
     return app
+
+
+def install_published_limits(app: FastAPI, state: AppState) -> None:
+    """/openapi.json with the request limits of the model being served (server/limits.py), built once before
+    the model has loaded (the general bounds) and once after (its own)."""
+    built = app.openapi  # FastAPI's generator, which caches its result
+    published: dict[bool, dict] = {}
+
+    def openapi() -> dict:
+        loaded = state.service is not None
+        if loaded not in published:
+            capabilities = state.service.capabilities() if loaded else None
+            published[loaded] = publish_limits(built(), request_limits(capabilities))
+        return published[loaded]
+
+    app.openapi = openapi

@@ -23,6 +23,26 @@ class ServerShuttingDown(Exception):
     """The drain deadline passed while this stream was running."""
 
 
+class StreamCut(Exception):
+    """A raw audio response cut on purpose (the drain deadline passed): raised out of the app so that the
+    server closes the connection without the body's last chunk, and the client sees an unfinished
+    transfer, never a silently short file. Expected, so the route logs it as one INFO line and the
+    server's "Exception in ASGI application" record of it is dropped (`quiet_expected_cuts`)."""
+
+
+class _DropExpectedCuts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, StreamCut)
+
+
+def quiet_expected_cuts() -> None:
+    """uvicorn logs every exception out of the app as ERROR with a traceback; a StreamCut is no error."""
+    server_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DropExpectedCuts) for f in server_log.filters):
+        server_log.addFilter(_DropExpectedCuts())
+
+
 class Drain:
     def __init__(self, deadline_s: float):
         self.deadline_s = deadline_s

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pcgtts.server.drain import StreamCut
 from pcgtts.tts import EncoderUnavailable
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -97,10 +98,13 @@ _RANGE_ERRORS = {"greater_than_equal", "greater_than", "less_than_equal", "less_
 
 
 def field_range(model: type[BaseModel] | None, param: str | None) -> str | None:
-    """'between 0.25 and 4.0' for a top-level numeric field of `model` with bounds, else None."""
+    """'a finite number between 0.25 and 4.0' for a top-level numeric field of `model` with bounds (the
+    model's own `range_rules` text where it has one), else None."""
     info = model.model_fields.get(param or "") if model is not None else None
     if info is None:
         return None
+    if (rule := getattr(model, "range_rules", {}).get(param)) is not None:
+        return rule
     lo = hi = None
     for bound in info.metadata:
         lo = getattr(bound, "ge", getattr(bound, "gt", lo))
@@ -109,7 +113,8 @@ def field_range(model: type[BaseModel] | None, param: str | None) -> str | None:
         return None
     gt = any(hasattr(b, "gt") for b in info.metadata)
     lt = any(hasattr(b, "lt") for b in info.metadata)
-    return f"between {lo} {'(exclusive) ' if gt else ''}and {hi}{' (exclusive)' if lt else ''}"
+    low, high = f"{lo} (exclusive)" if gt else f"{lo}", f"{hi} (exclusive)" if lt else f"{hi}"
+    return f"a finite number between {low} and {high}"
 
 
 def validation_error(errors: list[dict], *, in_body: bool = True,
@@ -120,10 +125,12 @@ def validation_error(errors: list[dict], *, in_body: bool = True,
     loc = tuple(first.get("loc", ()))
     param = _param_of(loc[1:] if in_body else loc)
     msg = first.get("msg", "invalid request")
-    allowed = field_range(model, param) if first.get("type") in _RANGE_ERRORS else None
+    ruled = first.get("type") in _RANGE_ERRORS or first.get("type") == "value_error" and \
+        param in getattr(model, "range_rules", {})
+    allowed = field_range(model, param) if ruled else None
     if allowed is not None:
         got = first.get("input")
-        msg = f"Invalid value for '{param}': must be a finite number {allowed}" + \
+        msg = f"Invalid value for '{param}': must be {allowed}" + \
               (f"; got {got!r}." if isinstance(got, int | float | str) and len(repr(got)) < 64 else ".")
     elif first.get("type") == "extra_forbidden":
         msg = f"Unrecognized request argument supplied: {param}"
@@ -183,6 +190,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error")
+        if not isinstance(exc, StreamCut):  # a cut on purpose is logged where it is made
+            log.exception("unhandled error")
         return JSONResponse(error_body(f"Internal server error: {type(exc).__name__}", "server_error", None,
                                        "internal_error"), status_code=500)

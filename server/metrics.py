@@ -33,7 +33,7 @@ class RequestOutcome:
 
     format: str
     stream_mode: str  # audio | sse | full | websocket
-    status: str  # ok | error | aborted
+    status: str  # ok | error | refused (429: at capacity) | aborted
     finished_reason: str | None = None  # stop | length | abort
     ttfa_s: float | None = None  # request received -> first audio bytes out
     first_token_s: float | None = None
@@ -161,7 +161,8 @@ class ServerMetrics:
                                      f"Streams whose worst stall stayed below {CONTINUITY_THRESHOLD_S} s.",
                                      lab, registry=r)
         self.audio_seconds = Counter(PREFIX + "audio_seconds", "Seconds of audio produced.", lab, registry=r)
-        self.requests = Counter(PREFIX + "requests", "Speech requests by format, stream mode and status.",
+        self.requests = Counter(PREFIX + "requests", "Speech requests by format, stream mode and status "
+                                "(ok, error, refused: 429 at capacity, aborted: the client left).",
                                 ["model_name", "format", "stream_mode", "status"], registry=r)
         self.success = Counter(PREFIX + "request_success", "Finished speech requests by finish reason.",
                                ["model_name", "finished_reason"], registry=r)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pcgtts.server.audio.formats import ResponseFormat
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -11,6 +11,15 @@ MAX_INPUT_CHARS = 4096
 MAX_TOP_K = 1_000_000  # above any vocabulary served here; the service refuses more than its own vocabulary
 MAX_TOKENS = 65536
 MIN_TEMPERATURE = 0.01  # between 0 (greedy) and this: refused, not rounded
+MAX_TEMPERATURE = 2.0
+# The one statement of the temperature rule: errors, the schema's description and the README say it alike.
+TEMPERATURE_RULE = f"0 (greedy) or a finite number between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g}"
+
+
+def integral(value: Any) -> Any:
+    """An integer as JSON Schema (and so /openapi.json) means it: a JSON number whose fraction is zero, so
+    3.0 is taken as 3; true/false and "3" still fail the strict int check that follows."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 class VoiceId(BaseModel):
@@ -26,10 +35,12 @@ class SamplingFields(BaseModel):
     Every number has a closed range (finite, never clamped): a value outside gets a 400 that names it."""
 
     model_config = ConfigDict(allow_inf_nan=False)
+    # what a range error says for fields whose allowed values are not one interval
+    range_rules: ClassVar[dict[str, str]] = {"temperature": TEMPERATURE_RULE}
 
     # strict: a number must be a JSON number (no true/false, no "3"); ranges are closed and never clamped
-    temperature: float | None = Field(None, strict=True, ge=0.0, le=2.0,
-                                      description="Sampling temperature: 0 (greedy) or 0.01..2.")
+    temperature: float | None = Field(None, strict=True, ge=0.0, le=MAX_TEMPERATURE,
+                                      description=f"Sampling temperature: {TEMPERATURE_RULE}.")
     top_p: float | None = Field(None, strict=True, ge=0.01, le=1.0,
                                 description="Nucleus sampling mass, 0.01..1.")
     top_k: int | None = Field(None, strict=True, ge=0, le=MAX_TOP_K,
@@ -55,11 +66,14 @@ class SamplingFields(BaseModel):
                           "URL (WAV/FLAC/MP3/OGG). Overrides `voice`.")
     ref_text: str | None = Field(None, max_length=2000, description="Transcript of `ref_audio`.")
 
+    _integral = field_validator("top_k", "seed", "max_tokens", "num_speculative_tokens",
+                                mode="before")(integral)
+
     @field_validator("temperature")
     @classmethod
     def _greedy_or_warm(cls, value: float | None) -> float | None:
         if value is not None and 0 < value < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or between {MIN_TEMPERATURE} and 2")
+            raise ValueError(f"must be {TEMPERATURE_RULE}")
         return value
 
 
@@ -78,9 +92,13 @@ class SpeechRequest(SamplingFields):
     response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True, description="Playback speed, pitch preserved.")
     stream_format: Literal["audio", "sse"] = "audio"
-    stream: bool = Field(
-        True, strict=True,
-        description="Extension: false waits for the whole utterance and sends it with Content-Length.")
+    stream: bool | None = Field(
+        None, strict=True,
+        description="Extension. true: stream (bytes leave as they are made); false: wait for the whole "
+                    "utterance and send it with Content-Length and complete headers. Unset: streamed, "
+                    "except `flac` and `wav`, whose headers hold the length: those come as complete files "
+                    "unless the client streams (`stream_format: \"sse\"`, or the openai SDK's "
+                    "`with_streaming_response`).")
 
 
 class Usage(BaseModel):

@@ -7,6 +7,8 @@ A WebSocket authenticates at the handshake, by any of (first match wins):
   ["pcgtts", "pcgtts.bearer." + b64url(key)])`); the server selects `pcgtts`, never echoing the key;
 * `?api_key=KEY` (kept for old clients; redacted from logs, but prefer the two above: URLs end up in
   proxies' and browsers' histories).
+
+No log line shows the configured key in any form it travels in (see `SecretRedactor`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import binascii
 import hmac
 import logging
 import re
-from urllib.parse import urlsplit
+import threading
+from urllib.parse import quote, quote_plus, urlsplit
 
 from starlette.datastructures import Headers, QueryParams
 
@@ -82,35 +85,79 @@ def origin_allowed(headers: Headers, allowed: list[str]) -> bool:
     return bool(parts.netloc) and parts.netloc.lower() == headers.get("host", "").lower()
 
 
-class RedactSecrets(logging.Filter):
-    """Rewrites API keys (query strings, bearer tokens) in a record's message and arguments."""
+def key_forms(key: str) -> set[str]:
+    """The forms a key travels in: as given, base64url and base64 (the playground's WebSocket subprotocol
+    `pcgtts.bearer.<base64url(KEY)>`, padded or not) and percent-encoded (a URL's query)."""
+    raw = key.encode()
+    forms = {key, quote(key, safe=""), quote_plus(key)}
+    for encoded in (base64.urlsafe_b64encode(raw).decode(), base64.b64encode(raw).decode()):
+        forms |= {encoded, encoded.rstrip("=")}
+    return {f for f in forms if f}
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):  # argument by argument first: uvicorn's access formatter
-            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)  # unpacks them
+
+class SecretRedactor:
+    """Rewrites every log record of every logger before any handler sees it (a log-record factory, so it
+    also covers loggers and handlers made later: uvicorn's, its access log, the websockets library's
+    handshake lines at debug level): the configured keys in each of their forms, by value, and by
+    pattern any `api_key=...` / `Bearer ...` (another server's key is a secret too)."""
+
+    def __init__(self):
+        self._forms: set[str] = set()
+        self._by_value: re.Pattern | None = None
+        self._lock = threading.Lock()
+        self._installed = False
+
+    def add(self, key: str) -> None:
+        """Redact `key` in all its forms too."""
+        with self._lock:
+            self._forms |= key_forms(key)
+            alternatives = sorted(self._forms, key=len, reverse=True)  # the longest form first
+            self._by_value = re.compile("|".join(map(re.escape, alternatives)))
+
+    def redact(self, text: str) -> str:
+        text = _SECRET_IN_TEXT.sub(lambda m: (m.group(1) or m.group(2)) + _REDACTED, text)
+        by_value = self._by_value
+        return by_value.sub(_REDACTED, text) if by_value is not None else text
+
+    def install(self) -> None:
+        """Scrub every record this process logs from now on (once; later calls do nothing)."""
+        with self._lock:
+            if self._installed:
+                return
+            make_record = logging.getLogRecordFactory()
+
+            def redacting_factory(*args, **kwargs) -> logging.LogRecord:
+                record = make_record(*args, **kwargs)
+                self.scrub(record)
+                return record
+
+            logging.setLogRecordFactory(redacting_factory)
+            self._installed = True
+
+    def scrub(self, record: logging.LogRecord) -> None:
+        if isinstance(record.args, tuple):  # argument by argument first: uvicorn's access formatter unpacks
+            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in record.args)  # them
         try:
             message = record.getMessage()
         except Exception:  # a malformed record: let logging report it as usual
-            return True
-        redacted = redact(message)
-        if redacted != message:  # a key split across format and arguments ("Bearer %s")
-            record.msg, record.args = redacted, ()
-        return True
+            return
+        redacted = self.redact(message)
+        if redacted != message:  # in the format, in an argument that is not a str (bytes, headers), or split
+            record.msg, record.args = redacted, ()  # across the two: the formatted line, redacted
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            if (clean := self.redact(text)) != text:
+                record.exc_text = clean  # formatters print exc_text when it is set
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
 
 
-def redact(text: str) -> str:
-    return _SECRET_IN_TEXT.sub(lambda m: (m.group(1) or m.group(2)) + _REDACTED, text)
+REDACTOR = SecretRedactor()
 
 
-_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "pcgtts", "pcgtts.server")
-
-
-def install_log_redaction() -> None:
-    """On uvicorn's loggers (access lines carry the query string) and ours, and on the root handlers."""
-    for name in _LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, RedactSecrets) for f in logger.filters):
-            logger.addFilter(RedactSecrets())
-        for handler in logger.handlers + logging.getLogger().handlers:
-            if not any(isinstance(f, RedactSecrets) for f in handler.filters):
-                handler.addFilter(RedactSecrets())
+def protect_key_in_logs(api_key: str | None) -> None:
+    """From now on no log line of this process shows `api_key` in any form (nor any bearer token or
+    `api_key=` value); without a key, only the patterns."""
+    if api_key:
+        REDACTOR.add(api_key)
+    REDACTOR.install()

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -47,12 +48,26 @@ class AppState:
         self.drain = Drain(settings.drain_timeout_s)
         self._owns_service = service is None
         self._loader: threading.Thread | None = None
+        self._on_loaded: list[Callable[[], None]] = []
+        self._loaded_lock = threading.Lock()
         if service is not None:
             self._attach(service)
 
     def _attach(self, service: TTSService) -> None:
         self.resolver = VoiceResolver(service, self.store, self.limits)
-        self.service = service
+        with self._loaded_lock:
+            self.service = service  # /ready answers 200 from here on
+            callbacks, self._on_loaded = self._on_loaded, []
+        for callback in callbacks:
+            callback()
+
+    def when_loaded(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once the model is loaded (at once if it is; else on the loading thread)."""
+        with self._loaded_lock:
+            if self.service is None:
+                self._on_loaded.append(callback)
+                return
+        callback()
 
     def _engine_stats(self):
         return self.service.engine_stats() if self.service is not None else None
@@ -69,9 +84,9 @@ class AppState:
             try:
                 started = time.perf_counter()
                 service = TTSService.load(tts_config(self.settings))
-                self._attach(service)
-                log.info("model %s ready in %.1f s (%d preset voices)", service.model_id,
+                log.info("model %s loaded in %.1f s (%d preset voices)", service.model_id,
                          time.perf_counter() - started, len(service.preset_voices()))
+                self._attach(service)
             except Exception as exc:  # reported by /ready
                 log.exception("model failed to load")
                 self.load_error = f"{type(exc).__name__}: {exc}"

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import numpy as np
-from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown
+from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, StreamCut
 from pcgtts.server.errors import APIError, bad_request
 from pcgtts.server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
 from pcgtts.server.schemas import SamplingFields
@@ -171,6 +171,12 @@ def usage_of(synth: Synthesis) -> dict[str, int]:
             "total_tokens": st.prompt_tokens + st.generated_tokens}
 
 
+def outcome_status(err: APIError) -> str:
+    """The `status` a request that ended with `err` is counted under in /metrics: an overload refusal (429)
+    is `refused`, apart from the errors, so an operator tells a full server from a failing one."""
+    return "refused" if err.status == 429 else "error"
+
+
 def stream_error(exc: BaseException) -> APIError:
     """The in-band error for a stream that failed after its headers were sent."""
     if isinstance(exc, ServerShuttingDown):
@@ -203,6 +209,10 @@ class AbortingStreamingResponse(StreamingResponse):
                 tg.start_soon(stream)
                 await _disconnected(receive)
                 tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if group.split(StreamCut)[1] is None:  # a cut on purpose, nothing else: the bare StreamCut
+                raise StreamCut() from None
+            raise
         finally:
             # However the stream ended, run the body's cleanup now (it aborts the synthesis).
             aclose = getattr(self.body_iterator, "aclose", None)

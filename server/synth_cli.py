@@ -10,6 +10,7 @@ exit with 2 (bad input, as argparse does) or 1 (the model or the machine failed)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -54,13 +55,37 @@ def output_format(path: Path, explicit: str | None) -> str | None:
     return explicit or FORMATS_BY_EXTENSION.get(path.suffix.lower())
 
 
-def run(args: argparse.Namespace) -> int:
-    if not args.text.strip():  # what the API would refuse; said before the model loads
-        return _fail("TEXT is empty: there is nothing to say", EXIT_BAD_INPUT)
-    fmt = output_format(args.output, args.format)
+def argument_error(args: argparse.Namespace, fmt: str | None, body: dict) -> str | None:
+    """What is wrong with the command line, found before anything loads (the model takes seconds): the
+    text, the output file's folder and format, and the request fields as the API itself checks them."""
+    from pcgtts.server.errors import validation_error
+    from pcgtts.server.schemas import SpeechRequest
+    from pydantic import ValidationError
+
+    if not args.text.strip():
+        return "TEXT is empty: there is nothing to say"
     if fmt is None:
-        return _fail(f"cannot tell the format of {str(args.output)!r} from its extension; use one of "
-                     f"{', '.join(FORMATS_BY_EXTENSION)} or --format", EXIT_BAD_INPUT)
+        return (f"cannot tell the format of {str(args.output)!r} from its extension; use one of "
+                f"{', '.join(FORMATS_BY_EXTENSION)} or --format")
+    folder = args.output.parent
+    if not folder.is_dir():
+        return f"cannot write {args.output}: the folder {str(folder)!r} does not exist"
+    if not os.access(folder, os.W_OK):
+        return f"cannot write {args.output}: the folder {str(folder)!r} is not writable"
+    try:
+        SpeechRequest.model_validate(body)
+    except ValidationError as exc:
+        return validation_error(exc.errors(), in_body=False, model=SpeechRequest).message  # the API's words
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    fmt = output_format(args.output, args.format)
+    body = {"model": "pcgtts", "input": args.text, "response_format": fmt, "speed": args.speed,
+            "stream": False, "voice": args.voice, "seed": args.seed, "temperature": args.temperature}
+    body = {k: v for k, v in body.items() if v is not None}
+    if (error := argument_error(args, fmt, body)) is not None:
+        return _fail(error, EXIT_BAD_INPUT)
     from fastapi.testclient import TestClient
     from pcgtts.server.app import create_app
     from pcgtts.server.cli import set_torch_threads
@@ -74,11 +99,9 @@ def run(args: argparse.Namespace) -> int:
         service = TTSService.load(tts_config(settings))
     except (ValueError, FileNotFoundError) as exc:  # a bad flag (unknown rule, missing model dir, ...)
         return _fail(str(exc), EXIT_BAD_INPUT)
-    body = {"model": "pcgtts", "input": args.text, "response_format": fmt, "speed": args.speed,
-            "stream": False, "voice": args.voice, "seed": args.seed, "temperature": args.temperature}
     try:
         with TestClient(create_app(settings, service), raise_server_exceptions=False) as client:
-            response = client.post("/v1/audio/speech", json={k: v for k, v in body.items() if v is not None})
+            response = client.post("/v1/audio/speech", json=body)
     finally:
         service.close()
     if response.status_code != 200:

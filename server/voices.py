@@ -1,7 +1,8 @@
 """Resolving the `voice` of a request to the engine's VoicePrompt (reference codes + transcript).
 
 Order: inline `ref_audio` (+ `ref_text`) > uploaded voice by id > preset by name > uploaded voice by name >
-an OpenAI built-in name (alloy, echo, ...) mapped onto the presets, so stock clients work unchanged.
+an OpenAI built-in name (alloy, echo, ...) mapped onto the presets, so stock clients work unchanged. Names
+match ignoring case (Unicode case folding), as they are made unique; a voice that is none of these is 404.
 Codes of uploaded voices are computed once per codec and cached in the store; a small in-memory LRU
 keeps hot voices off the disk.
 """
@@ -12,9 +13,15 @@ import asyncio
 from collections import OrderedDict
 
 import numpy as np
-from pcgtts.server.audio.decode import AudioDecodeError, DecodedAudio, decode_audio, decode_base64_audio
-from pcgtts.server.errors import APIError, bad_request
-from pcgtts.server.voice_store import StoredVoice, VoiceStore
+from pcgtts.server.audio.decode import (
+    ACCEPTED_AUDIO,
+    AudioDecodeError,
+    DecodedAudio,
+    decode_audio,
+    decode_base64_audio,
+)
+from pcgtts.server.errors import APIError, bad_request, not_found
+from pcgtts.server.voice_store import StoredVoice, VoiceStore, name_key
 from pcgtts.tts import ReferenceClip, TTSService, VoicePrompt
 
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
@@ -37,7 +44,7 @@ class VoiceLimits:
         try:
             audio = decode_audio(data)
         except AudioDecodeError as exc:
-            raise bad_request(f"{param}: {exc}. Send WAV, FLAC, MP3 or OGG audio.", param=param,
+            raise bad_request(f"{param}: {exc}; send {ACCEPTED_AUDIO} audio.", param=param,
                               code="unsupported_audio_format") from exc
         if not self.min_seconds <= audio.duration <= self.max_seconds:
             raise bad_request(f"{param} lasts {audio.duration:.2f} s; reference clips must last between "
@@ -60,6 +67,11 @@ class VoiceResolver:
     @property
     def preset_names(self) -> list[str]:
         return list(self._presets)
+
+    def preset_named(self, name: str) -> tuple[str, VoicePrompt] | None:
+        """(the preset's own name, its prompt) for `name` ignoring case, or None."""
+        key = name_key(name)
+        return next(((n, v) for n, v in self._presets.items() if name_key(n) == key), None)
 
     def default_voice(self) -> VoicePrompt | None:
         return next(iter(self._presets.values()), None)
@@ -106,15 +118,16 @@ class VoiceResolver:
             return self.default_voice(), "preset"
         by_id = isinstance(voice, dict)
         key = voice["id"] if by_id else voice
-        if not by_id and key in self._presets:
-            return self._presets[key], "preset"
+        preset = self.preset_named(key)
+        if not by_id and preset is not None:
+            return preset[1], "preset"
         stored = self.store.get(key) or self.store.find_by_name(key)
         if stored is not None:
             return await self.prompt_for_stored(stored), "uploaded"
-        if key in self._presets:
-            return self._presets[key], "preset"
+        if preset is not None:
+            return preset[1], "preset"
         if key.lower() in OPENAI_VOICES and self._presets:
             names = self.preset_names
             return self._presets[names[OPENAI_VOICES.index(key.lower()) % len(names)]], "preset"
-        raise bad_request(f"Voice {key!r} not found. GET /v1/audio/voices lists the voices.",
-                          param="voice.id" if by_id else "voice", code="voice_not_found")
+        raise not_found(f"Voice {key!r} not found. GET /v1/audio/voices lists the voices.",
+                        param="voice.id" if by_id else "voice", code="voice_not_found")

@@ -13,6 +13,7 @@ from pcgtts.server.schemas import ErrorDetail
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 MAX_QUEUED = 8  # utterances waiting behind the running one, per connection
+EMPTY_INPUT_DONE = "input.done with no text pending: send input.text first."
 
 
 class Message(BaseModel):
@@ -33,7 +34,9 @@ class InputDone(Message):
 
 
 InputDone.__doc__ = (f"Speaks the pending text (queued behind a running utterance; at most {MAX_QUEUED} "
-                     "waiting per connection, more get an error).")
+                     "waiting per connection, more get an error). With no text pending (none sent, or only "
+                     "whitespace, since the last input.done) it answers an `error` event, code "
+                     "`empty_input`.")
 
 
 class InputCancel(Message):

@@ -81,6 +81,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
+    """Until the `pcgtts serve` process at `url` answers /ready with 200; fails with the end of its log
+    (`log`: where its stderr goes) if it exits or the deadline passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.2)
+
+
 @contextlib.contextmanager
 def serve_process(env: dict[str, str], args: list[str] = (), ready_timeout: float = 300.0,
                   command: list[str] | None = None, cwd: Path | None = None):

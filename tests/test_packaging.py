@@ -25,21 +25,61 @@ def test_package_metadata_builds_without_warnings(tmp_path):
     assert "License-Expression: Apache-2.0" in metadata
 
 
-def test_make_install_shows_each_stage_and_names_the_cpu_torch(tmp_path):
+def _make_plan(target: str, venv: Path, **env: str) -> str:
+    """What `make -n TARGET` would run for a fresh VENV (the commands, echo lines included)."""
     make = shutil.which("make")
     if make is None:
         pytest.skip("make is not installed")
-    venv = tmp_path / "venv"
-    plan = subprocess.run([make, "-n", "install", f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "MAKEFLAGS": ""})
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PCGTTS_")}
+    plan = subprocess.run([make, "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**clean, "MAKEFLAGS": "", **env})
     assert plan.returncode == 0, plan.stderr
-    steps = plan.stdout
+    return plan.stdout
+
+
+def _pip_installs(plan: str) -> list[str]:
+    return [line for line in plan.splitlines() if "/bin/pip install" in line]
+
+
+def test_make_install_shows_each_stage_and_names_the_cpu_torch(tmp_path):
+    steps = _make_plan("install", tmp_path / "venv")
     stages = [line for line in steps.splitlines() if "==> [" in line]
     assert [s.split("==> [")[1][:3] for s in stages] == ["1/4", "2/4", "3/4", "4/4"]
     assert "--quiet" not in steps and " -q " not in steps  # pip shows what it does
     torch_line = next(line for line in steps.splitlines() if "torch==" in line)
     assert "torch==2.13.0+cpu" in torch_line  # the CPU build, never PyPI's CUDA one
     assert "download.pytorch.org/whl/cpu" in steps
+
+
+def test_make_serve_installs_what_serves_and_make_test_adds_the_test_tools(tmp_path):
+    """DESIGN's set-up contract: `make install` (and so `make serve`) installs the runtime only; `make test`
+    adds the test tools and the optional extras its tests exercise. Every pip run of either is announced by
+    a stage line of its own, and none is quiet, so the install never goes silent."""
+    venv = tmp_path / "venv"
+    serve = _make_plan("serve", venv)
+    assert _pip_installs(serve) and not any("[" in line for line in _pip_installs(serve)), serve
+    assert "-e ." in serve
+    test = _make_plan("test", venv)
+    extras = " ".join(_pip_installs(test))
+    assert "'.[test]'" in extras and "'.[xcodec2]'" in extras, test
+    lines = test.splitlines()
+    for i, line in enumerate(lines):
+        if "/bin/pip install" in line and not line.strip().startswith("||"):  # not a fallback of the same run
+            stage = next(lines[j] for j in range(i - 1, -1, -1) if "/bin/pip install" in lines[j]
+                         or "==> [" in lines[j])
+            assert "==> [" in stage, f"no stage line announces: {line}"
+            assert "--quiet" not in line and " -q " not in line, line
+
+
+def test_the_installer_names_the_url_make_serve_will_listen_on(tmp_path):
+    """The last line of the install says what to open next: PCGTTS_PORT (and a host other than a wildcard)
+    as `make serve` will use them."""
+    venv = tmp_path / "venv"
+    assert "next: make serve (http://127.0.0.1:8000/)" in _make_plan("install", venv)
+    assert "next: make serve (http://127.0.0.1:9137/)" in _make_plan("install", venv, PCGTTS_PORT="9137")
+    wildcard = _make_plan("install", venv, PCGTTS_PORT="9137", PCGTTS_HOST="0.0.0.0")
+    assert "(http://127.0.0.1:9137/)" in wildcard
+    assert "(http://10.1.2.3:8000/)" in _make_plan("install", venv, PCGTTS_HOST="10.1.2.3")
 
 
 def _wheel(source: Path, out: Path) -> Path:

@@ -259,7 +259,7 @@ class TTSService:
     def capabilities(self) -> dict:
         return {
             "engine": self.engine_name,
-            "sample_rate": self.sample_rate,
+            "codec_sample_rate": self.sample_rate,
             "acceptance": self.engine_acceptance,
             "acceptance_rules": self.acceptance_rules,
             "num_speculative_tokens": self.engine_gamma,
@@ -267,7 +267,25 @@ class TTSService:
             "asg_tables": self.asg_table_names,
             "max_tokens": self.config.max_tokens,
             "sampling_defaults": dict(self.bundle.sampling),
+            "limits": self.limits,
         }
+
+    @property
+    def min_max_tokens(self) -> int:
+        """The smallest max_tokens that makes audio: the family's tokens before its first code, plus one."""
+        return self.family.tokens_before_audio + 1
+
+    @property
+    def limits(self) -> dict[str, dict[str, int]]:
+        """The bounds this model puts on per-request options ({option: {"minimum", "maximum"}}), those
+        `validate` enforces beyond any model's; num_speculative_tokens is absent without a draft."""
+        limits = {"top_k": {"minimum": 0, "maximum": self.engine.vocab_size},
+                  "max_tokens": {"minimum": self.min_max_tokens}}
+        if self.engine_gamma:  # an engine without per-request γ (vLLM) verifies its own γ only
+            fixed = not getattr(self.engine, "per_request_gamma", True)
+            limits["num_speculative_tokens"] = {"minimum": self.engine_gamma if fixed else 1,
+                                                "maximum": self.engine_gamma}
+        return limits
 
     @cached_property
     def default_sampling(self):
@@ -299,11 +317,14 @@ class TTSService:
         rules = sorted(getattr(self.engine, "acceptance_rules", RULES), key=uses_asg_table)
         return [rule for rule in rules if self.asg_table_names or not uses_asg_table(rule)]
 
-    @property
+    @cached_property
     def asg_table_name(self) -> str | None:
-        """The default ASG table's name (its file stem)."""
+        """The default ASG table's name: the one its build recorded (the embedded model's: mel-0.35), else
+        its file's stem."""
+        from pcgtts.asg_tables import ASGTable
+
         table = self.engine.config.asg_table
-        return Path(table).stem if table else None
+        return ASGTable.name_of(table) if table else None
 
     @property
     def asg_table_names(self) -> list[str]:
@@ -328,6 +349,9 @@ class TTSService:
         vocab = self.engine.vocab_size
         if options.top_k is not None and not 0 <= options.top_k <= vocab:
             raise InvalidOptions(f"top_k must lie in 0..{vocab} (this model's vocabulary; 0 = off).", "top_k")
+        if options.max_tokens is not None and options.max_tokens < self.min_max_tokens:
+            raise InvalidOptions(f"max_tokens must be at least {self.min_max_tokens}: with fewer tokens per "
+                                 "sentence this model makes no audio.", "max_tokens")
         if options.asg_table is not None and options.asg_table not in self.asg_table_names:
             raise InvalidOptions(f"ASG table {options.asg_table!r} is not loaded; choose one of "
                                  f"{self.asg_table_names} (load more with --extra-asg-tables).", "asg_table")

@@ -73,6 +73,9 @@ class SpeechFamily(ABC):
     # True: `from_dir` gets the target checkpoint's directory (the family reads that checkpoint's own
     # tokenizer, as Llasa does); False: the bundle's root.
     tokenizer_in_target: bool = False
+    # Tokens every utterance generates before its first codec code (the demo family's first phoneme
+    # marker): a max_tokens of this many or fewer makes no audio at all.
+    tokens_before_audio: int = 0
 
     @classmethod
     @abstractmethod

@@ -6,7 +6,7 @@
     plugin.py     the `vllm.general_plugins` entry point: loaded in every vLLM process, it routes vLLM's
                   rejection sampling through verify.py and mends the CPU build's expand kernel (cpu_fix.py)
     verify.py     PCG over vLLM's flattened speculative layout, on engine/ops/verify.py's plain tensor
-                  functions (group_test, residual_draw, residual_thinning): one implementation for both engines
+                  functions (group_test, residual_draw, residual_thinning): one implementation, two engines
     engine.py     `VllmEngine`: vLLM's AsyncLLM behind the streaming interface the TTS service drives
     stats.py      vLLM's scheduler/iteration stats -> engine.metrics.EngineMetrics (our /metrics names)
 

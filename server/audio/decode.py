@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 import re
 from dataclasses import dataclass
 
@@ -21,8 +22,14 @@ _AV_FORMATS = {"aac", "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm", "mp3", "ogg", 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w/+.-]+)?(;[\w=.-]+)*;base64,", re.IGNORECASE)
 
 
+# What the voice endpoints tell clients to send (AAC/M4A and WebM decode too, through PyAV).
+ACCEPTED_AUDIO = "WAV, FLAC, MP3 or OGG"
+NOT_AUDIO = "not audio in a format this server reads"
+log = logging.getLogger("pcgtts.server")
+
+
 class AudioDecodeError(ValueError):
-    """The bytes are not audio in a format we accept."""
+    """The bytes are not audio in a format we accept; the message is for the client (no library internals)."""
 
 
 @dataclass
@@ -41,13 +48,16 @@ def _decode_pyav(data: bytes) -> DecodedAudio:
         with av.open(io.BytesIO(data)) as container:
             name = container.format.name
             if name not in _AV_FORMATS or not container.streams.audio:
-                raise AudioDecodeError(f"unsupported audio container {name!r}")
+                raise AudioDecodeError(NOT_AUDIO)
             rate = container.streams.audio[0].codec_context.sample_rate
             to_mono = av.AudioResampler(format="flt", layout="mono", rate=rate)
             chunks = [out.to_ndarray().reshape(-1) for frame in container.decode(audio=0)
                       for out in to_mono.resample(frame)]
+    except AudioDecodeError:
+        raise
     except (av.FFmpegError, ValueError) as exc:
-        raise AudioDecodeError(f"could not decode audio: {exc}") from exc
+        log.debug("audio the decoders refused: %s", exc)  # ffmpeg's words, for the operator
+        raise AudioDecodeError(NOT_AUDIO) from exc
     if not chunks or not rate:
         raise AudioDecodeError("the audio stream holds no samples")
     return DecodedAudio(np.concatenate(chunks).astype(np.float32), int(rate), name)
@@ -60,7 +70,7 @@ def decode_audio(data: bytes) -> DecodedAudio:
     try:
         info = sf.info(io.BytesIO(data))
         if info.format not in _SNDFILE_FORMATS:
-            raise AudioDecodeError(f"unsupported audio format {info.format}")
+            raise AudioDecodeError(NOT_AUDIO)
         audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
         decoded = DecodedAudio(audio.mean(axis=1).astype(np.float32), int(rate), info.format)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):  # e.g. streamed FLAC: unknown length

@@ -117,13 +117,18 @@ class PyAVEncoder(AudioEncoder):
         self._stream.layout = "mono"
         if fmt in _BIT_RATES:
             self._stream.bit_rate = _BIT_RATES[fmt]
+        self._lossless = fmt == "flac"
         self._pts = 0
         self._closed = False
 
     def encode(self, audio: np.ndarray) -> bytes:
         audio = np.ascontiguousarray(audio, dtype=np.float32)
         if audio.size:
-            frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
+            if self._lossless:  # the very 16-bit samples of pcm and wav (ffmpeg would round its own way)
+                pcm = np.frombuffer(float_to_pcm16(audio), dtype="<i2")
+                frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+            else:
+                frame = av.AudioFrame.from_ndarray(audio[None, :], format="flt", layout="mono")
             frame.sample_rate = self.sample_rate
             frame.pts = self._pts
             self._pts += audio.size

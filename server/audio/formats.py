@@ -27,6 +27,12 @@ CONTENT_TYPES: dict[str, str] = {
 }
 
 
+# Formats whose header states the length (FLAC's STREAMINFO total samples and MD5, WAV's RIFF and data sizes),
+# which a stream must leave unknown (0, 0xFFFFFFFF) because its header leaves first: libsndfile cannot read
+# such a FLAC, Python's `wave` and ffprobe misreport such a WAV. Whole responses fill them in.
+LENGTH_IN_HEADER = frozenset({"flac", "wav"})
+
+
 def output_rate(fmt: str) -> int:
     """The sample rate a response in `fmt` is produced at."""
     return TELEPHONY_SAMPLE_RATE if fmt in ("ulaw", "alaw") else OUTPUT_SAMPLE_RATE

@@ -14,3 +14,9 @@ router = APIRouter(tags=["playground"])
 @router.get("/", include_in_schema=False)
 async def playground() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> FileResponse:
+    """Browsers ask for it on every page; the playground's icon (a 32 px PNG in an ICO)."""
+    return FileResponse(STATIC_DIR / "favicon.ico", media_type="image/x-icon")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import base64
+import logging
 import time
+import uuid
 from contextlib import aclosing
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pcgtts.server.audio.formats import CONTENT_TYPES, content_type
+from pcgtts.server.audio.formats import CONTENT_TYPES, LENGTH_IN_HEADER, content_type
 from pcgtts.server.audio.pipeline import OutputPipeline, encode_whole
-from pcgtts.server.drain import Drain, until_cut
+from pcgtts.server.drain import Drain, ServerShuttingDown, StreamCut, until_cut
 from pcgtts.server.errors import APIError
 from pcgtts.server.schemas import ErrorResponse, SpeechRequest, VoiceId
 from pcgtts.server.state import get_state
@@ -23,6 +25,7 @@ from pcgtts.server.streaming import (
     close_quietly,
     next_or_gone,
     open_synthesis,
+    outcome_status,
     sse_event,
     stream_error,
     synthesis_options,
@@ -30,13 +33,31 @@ from pcgtts.server.streaming import (
 )
 
 router = APIRouter(tags=["speech"])
+log = logging.getLogger("pcgtts.server")
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 413, 422, 429, 500, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 422, 429, 500, 503)}
 _AUDIO_CONTENT = {"content": {
     **{ctype: {} for ctype in CONTENT_TYPES.values()},
     "text/event-stream": {"example": 'data: {"type":"speech.audio.delta","audio":"<base64>"}\n\n'},
 }, "description": "The audio (chunked), or SSE events when stream_format is 'sse'."}
 _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# The official openai SDK marks `with_streaming_response` requests with this header ("stream"); plain
+# `create()` reads the whole body before it returns, so a stream would gain it nothing.
+SDK_STREAMING_HEADER = "x-stainless-raw-response"
+
+
+def wants_stream(body: SpeechRequest, request: Request) -> bool:
+    """Whether the response streams. SSE always does, and `stream` decides when given. Unset, formats whose
+    streamed bytes already make a complete file (mp3, opus, aac, pcm, G.711) stream; flac and wav, whose
+    streamed header cannot hold the length, come whole unless the client reads a stream (the SDK's
+    `with_streaming_response`): the file `create().write_to_file()` writes then opens in every reader."""
+    if body.stream_format == "sse":
+        return True
+    if body.stream is not None:
+        return body.stream
+    if body.response_format not in LENGTH_IN_HEADER:
+        return True
+    return request.headers.get(SDK_STREAMING_HEADER, "").lower() == "stream"
 
 
 @router.post("/v1/audio/speech", response_class=Response, responses={200: _AUDIO_CONTENT, **_ERRORS},
@@ -44,14 +65,17 @@ _STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 async def create_speech(body: SpeechRequest, request: Request) -> Response:
     """Streams audio as soon as the first chunk is decoded (`stream_format: "audio"`, the default), or
     `speech.audio.delta` / `speech.audio.done` SSE events (`stream_format: "sse"`). Every format is
-    mono at 24 kHz; `pcm` is raw 16-bit little-endian. `stream: false` returns the whole file at once."""
+    mono at 24 kHz (`ulaw`/`alaw` 8 kHz); `pcm` is raw 16-bit little-endian. `flac` and `wav` come as
+    complete files (lengths in their headers, Content-Length) unless `stream: true` or the openai SDK's
+    `with_streaming_response` asks for a stream; `stream: false` returns any format whole."""
     received = time.perf_counter()
+    request_id = f"req_{uuid.uuid4().hex[:24]}"  # in the x-request-id header, as OpenAI's API sends it
     state = get_state(request)
     service, resolver = state.require_ready()
     voice_arg = {"id": body.voice.id} if isinstance(body.voice, VoiceId) else body.voice
     voice, _ = await resolver.resolve(voice_arg, body.ref_audio, body.ref_text)
     sse = body.stream_format == "sse"
-    streamed = body.stream or sse
+    streamed = wants_stream(body, request)
     run = SpeechRun(state.metrics, body.response_format, "sse" if sse else "audio" if streamed else "full",
                     received)
     synth = open_synthesis(service, body.input, voice, synthesis_options(body, streaming=streamed))
@@ -60,18 +84,23 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     except ClientGone:
         run.finish(synth, "aborted", 0.0)
         return Response(status_code=499)
-    except APIError:
-        run.finish(synth, "error", 0.0)
+    except APIError as err:
+        run.finish(synth, outcome_status(err), 0.0)
         raise
 
     if not streamed:
-        return await _whole(body, request, synth, first, run, state.drain)
+        whole = await _whole(body, request, synth, first, run, state.drain)
+        whole.headers["x-request-id"] = request_id
+        return whole
     pipeline = OutputPipeline(body.response_format, synth.sample_rate, speed=body.speed)
+    headers = {**_STREAM_HEADERS, "x-request-id": request_id}
     if sse:
         return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run, state.drain),
-                                         media_type="text/event-stream", headers=_STREAM_HEADERS)
-    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run, state.drain),
-                                     media_type=content_type(body.response_format), headers=_STREAM_HEADERS)
+                                         media_type="text/event-stream", headers=headers)
+    client = f"{request.client.host}:{request.client.port}" if request.client else "?"
+    about = f"request {request_id} (POST /v1/audio/speech, {body.response_format}, from {client})"
+    return AbortingStreamingResponse(_audio_body(synth, first, pipeline, run, state.drain, about),
+                                     media_type=content_type(body.response_format), headers=headers)
 
 
 async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
@@ -89,15 +118,20 @@ async def _encoded_audio(synth, first, pipeline: OutputPipeline, run: SpeechRun,
         yield tail
 
 
-async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
+async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain, about: str):
     """Raw audio has no in-band channel: a failure ends the chunked body without its last chunk, so the
-    client sees a broken transfer, never a silently short file."""
+    client sees a broken transfer, never a silently short file. A cut at the drain deadline is expected:
+    one INFO line naming the request (`about`), no error."""
     status = "aborted"
     try:
         async with aclosing(_encoded_audio(synth, first, pipeline, run, drain)) as encoded:
             async for data in encoded:
                 yield data
         status = "ok"
+    except ServerShuttingDown:
+        log.info("%s cut at the drain deadline after %.1f s of audio: the client gets an unfinished transfer",
+                 about, pipeline.audio_seconds)
+        raise StreamCut() from None
     except Exception:
         status = "error"
         raise
@@ -134,8 +168,8 @@ async def _whole(body: SpeechRequest, request: Request, synth, first, run: Speec
     except ClientGone:
         run.finish(synth, "aborted", 0.0)
         return Response(status_code=499)
-    except APIError:
-        run.finish(synth, "error", 0.0)
+    except APIError as err:
+        run.finish(synth, outcome_status(err), 0.0)
         raise
     audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     data = encode_whole(body.response_format, audio, rate, speed=body.speed)

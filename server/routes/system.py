@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pcgtts.server.audio.formats import OUTPUT_SAMPLE_RATE, RESPONSE_FORMATS, output_rate
+from pcgtts.server.limits import request_limits
 from pcgtts.server.schemas import ModelCard, ModelList
 from pcgtts.server.state import get_state
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -39,9 +41,17 @@ async def ready(request: Request) -> JSONResponse:
 
 @router.get("/v1/models", response_model=ModelList, summary="List models")
 async def list_models(request: Request) -> ModelList:
-    """The served model; `pcgtts` describes what requests may choose (acceptance rules, ASG table)."""
+    """The served model; `pcgtts` describes what requests may choose (acceptance rules, ASG tables) and the
+    limits of every option, the same as /openapi.json states. Sample rates: `codec_sample_rate` is what the
+    model's codec makes, `output_sample_rate` what responses carry (resampled; `output_sample_rates` by
+    format: G.711 is 8 kHz)."""
     state = get_state(request)
-    details = state.service.capabilities() if state.service is not None else None
+    details = None
+    if state.service is not None:
+        capabilities = state.service.capabilities()
+        details = {**capabilities, "output_sample_rate": OUTPUT_SAMPLE_RATE,
+                   "output_sample_rates": {fmt: output_rate(fmt) for fmt in RESPONSE_FORMATS},
+                   "limits": request_limits(capabilities)}
     return ModelList(data=[ModelCard(id=state.model_name, created=state.started_at, pcgtts=details)])
 
 

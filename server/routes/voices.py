@@ -21,12 +21,19 @@ from pcgtts.server.voice_store import StoredVoice, VoiceExistsError, name_key
 
 router = APIRouter(tags=["voices"])
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413, 503)}
+_DELETE_ERRORS = {**_ERRORS, 403: {"model": ErrorResponse, "description": "a preset voice of the model"}}
 _NAME = re.compile(r"^[\w][\w .'-]{0,63}$")
 
 
 def _uploaded(v: StoredVoice) -> VoiceResource:
     return VoiceResource(id=v.id, name=v.name, created_at=v.created_at, type="audio_sample", kind="uploaded",
                          transcript=v.transcript, duration=v.duration)
+
+
+def _preset(state: AppState, name: str) -> VoiceResource | None:
+    """The preset named `name`, ignoring case (as names are made unique), or None."""
+    key = name_key(name)
+    return next((p for p in _presets(state) if name_key(p.id) == key), None)
 
 
 def _presets(state: AppState) -> list[VoiceResource]:
@@ -53,7 +60,8 @@ async def list_voices(request: Request) -> VoiceList:
              summary="Upload a voice")
 async def create_voice(
     request: Request,
-    name: str = Form(..., description="Unique name, used as `voice` in speech requests."),
+    name: str = Form(..., min_length=1, description="Unique name, used as `voice` in speech requests: "
+                                                   "1-64 letters, digits, spaces, '_', '.', \"'\" or '-'."),
     audio_sample: UploadFile = File(..., description="Reference clip: WAV, FLAC, MP3 or OGG, 1-30 s."),
     transcript: str | None = Form(None, description="What the clip says (needed to clone the voice)."),
     ref_text: str | None = Form(None, description="Alias of `transcript` (vLLM-Omni)."),
@@ -70,7 +78,7 @@ async def create_voice(
     if any(name_key(name) == name_key(preset) for preset in service.preset_voices()):
         raise APIError(409, f"{name!r} is a preset voice name (names ignore case).", param="name",
                        code="voice_exists")
-    text = (transcript or ref_text or "").strip()
+    text = next((t.strip() for t in (transcript, ref_text) if t and t.strip()), "")
     if not text:
         raise bad_request("transcript (what the clip says) is required.", param="transcript",
                           code="missing_required_parameter")
@@ -119,19 +127,20 @@ def _find(state: AppState, voice_id: str) -> StoredVoice:
             summary="Get one voice")
 async def get_voice(voice_id: str, request: Request) -> VoiceResource:
     state = get_state(request)
-    for preset in _presets(state):
-        if preset.id == voice_id:
-            return preset
+    if (preset := _preset(state, voice_id)) is not None:
+        return preset
     return _uploaded(_find(state, voice_id))
 
 
-@router.delete("/v1/audio/voices/{voice_id}", response_model=VoiceDeleted, responses=_ERRORS,
+@router.delete("/v1/audio/voices/{voice_id}", response_model=VoiceDeleted, responses=_DELETE_ERRORS,
                summary="Delete an uploaded voice")
 async def delete_voice(voice_id: str, request: Request) -> VoiceDeleted:
-    """Accepts the voice's id or name."""
+    """Accepts the voice's id or name. A preset of the model is refused with 403: it exists, and it is not
+    the client's to delete."""
     state = get_state(request)
-    if any(p.id == voice_id for p in _presets(state)):
-        raise bad_request(f"{voice_id!r} is a preset of the model and cannot be deleted.", param="voice_id")
+    if (preset := _preset(state, voice_id)) is not None:
+        raise APIError(403, f"{preset.name!r} is a preset voice of the model; presets cannot be deleted, "
+                            "only uploaded voices can.", param="voice_id", code="preset_voice")
     voice = _find(state, voice_id)
     await asyncio.to_thread(state.store.delete, voice.id)
     if state.resolver is not None:

@@ -15,18 +15,20 @@ from pcgtts.server.audio.formats import OUTPUT_SAMPLE_RATE
 from pcgtts.server.audio.pipeline import OutputPipeline
 from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, until_cut
 from pcgtts.server.errors import APIError, validation_error
-from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId
+from pcgtts.server.schemas import MAX_INPUT_CHARS, SamplingFields, VoiceId, integral
 from pcgtts.server.security import chosen_subprotocol, origin_allowed, websocket_authorized
 from pcgtts.server.state import AppState, get_ws_state
 from pcgtts.server.streaming import (
     SpeechRun,
     close_quietly,
     open_synthesis,
+    outcome_status,
     stream_error,
     synthesis_options,
     usage_of,
 )
 from pcgtts.server.ws_protocol import (
+    EMPTY_INPUT_DONE,
     MAX_QUEUED,
     AudioDone,
     AudioProgress,
@@ -40,7 +42,7 @@ from pcgtts.server.ws_protocol import (
     event_json,
     protocol_markdown,
 )
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from starlette.websockets import WebSocketDisconnect
 
 router = APIRouter()
@@ -65,6 +67,7 @@ class SessionConfig(SamplingFields):
     response_format: Literal["pcm"] = "pcm"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
+    _whole_rate = field_validator("sample_rate", mode="before")(integral)
     instructions: str | None = None
 
 
@@ -151,13 +154,15 @@ class Session:
                 self.pending.append(piece)
         elif kind == "input.done":
             text, self.pending = "".join(self.pending), []
-            if text.strip() and self.state.drain.draining:
+            if not text.strip():
+                await self.send_error(APIError(400, EMPTY_INPUT_DONE, code="empty_input"))
+            elif self.state.drain.draining:
                 await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
                                                code="server_shutting_down"))
-            elif text.strip() and self.queue.qsize() >= MAX_QUEUED:
+            elif self.queue.qsize() >= MAX_QUEUED:
                 limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
                 await self.send_error(APIError(429, limit, code="too_many_utterances"))
-            elif text.strip():
+            else:
                 await self.queue.put((self._next_id, text, self.config))
                 self._next_id += 1
         elif kind == "input.cancel":
@@ -232,8 +237,9 @@ class Session:
         except ServerShuttingDown:
             status, reason = "aborted", SHUTDOWN_REASON
         except Exception as exc:
-            status = "error"
-            await self.send_error(stream_error(exc), uid)
+            err = stream_error(exc)
+            status = outcome_status(err)
+            await self.send_error(err, uid)
         finally:
             await close_quietly(synth)
             run.finish(synth, status, pipeline.audio_seconds)

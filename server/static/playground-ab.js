@@ -1,7 +1,9 @@
-// pcgtts playground, A/B mode: the same text, voice and seed spoken under two settings (acceptance rule,
-// ASG table θ, draft length γ), one after the other, each on its own WebSocket session. Shows each side's
-// waveform, acceptance trace, time to first audio, tokens/s and acceptance, and plays either on a click.
-// Uses the helpers of playground.js ($, stats, socketUrl, socketProtocols, sessionConfig, drawTrace, drawWave).
+// pcgtts playground, A/B mode: the same text and voice spoken under two settings (acceptance rule, ASG
+// table θ, draft length γ), each on its own WebSocket session, over several seeds (A and B alternate seed by
+// seed, so a drifting machine slows both alike). One run varies a lot from seed to seed, so each side shows
+// the median and the range over its seeds, and the per-seed difference B − A; its waveform, acceptance trace
+// and player are its first seed's. Uses the helpers of playground.js ($, stats, socketUrl, socketProtocols,
+// sessionConfig, drawTrace, drawWave).
 "use strict";
 
 const ab = stats.ab = { status: "idle", A: null, B: null, playing: null };
@@ -42,10 +44,11 @@ function fillChoices(card) {
 if (stats.modelCard) fillChoices(stats.modelCard);
 else document.addEventListener("playground:model", (event) => fillChoices(event.detail), { once: true });
 
-function sideConfig(side) {
+function sideConfig(side, seedOffset) {
   const ids = sideIds(side);
   const config = { ...sessionConfig(), sample_rate: 24000, speed: 1 };
-  if (config.seed === undefined) config.seed = 1;  // the point of A/B: both sides draw the same randomness
+  // the point of A/B: both sides draw the same randomness, seed for seed
+  config.seed = (config.seed === undefined ? 1 : config.seed) + seedOffset;
   if ($(ids.acceptance).value) config.acceptance = $(ids.acceptance).value;
   if ($(ids.table).value) config.asg_table = $(ids.table).value;
   if ($(ids.gamma).value !== "") config.num_speculative_tokens = Number($(ids.gamma).value);
@@ -89,28 +92,70 @@ function runSide(config, text) {
   });
 }
 
+// What one run of a side says, for the spread over seeds.
+function runFacts(result) {
+  const d = result.done;
+  return { seed: result.config.seed, acceptanceRate: d.acceptance_rate, meanAcceptedLen: d.mean_accepted_len,
+           tokensPerSecond: result.tokensPerSecond, ttfaMs: result.ttfaMs };
+}
+
+function medianOf(values) {
+  const v = [...values].sort((a, b) => a - b);
+  return v.length % 2 ? v[(v.length - 1) / 2] : (v[v.length / 2 - 1] + v[v.length / 2]) / 2;
+}
+
+// "median (min–max) unit" of one fact over a side's runs; `show` formats a number.
+function spreadText(runs, key, show, unit = "") {
+  const values = runs.map((r) => r[key]).filter((x) => x != null);
+  if (!values.length) return "n/a (no draft)";
+  if (values.length === 1) return `${show(values[0])}${unit}`;
+  return `${show(medianOf(values))} (${show(Math.min(...values))}–${show(Math.max(...values))})${unit}`;
+}
+
+const percent = (x) => (100 * x).toFixed(1);
+
 function showSide(side, result) {
   const ids = sideIds(side);
   const d = result.done;
-  const pct = (x) => (x == null ? "n/a (no draft)" : `${(100 * x).toFixed(1)} %`);
+  const runs = result.runs;
   const rows = [
     ["setting", `${result.config.acceptance || "default"}${result.config.asg_table ? ` · ${result.config.asg_table}` : ""}` +
                 ` · γ ${result.config.num_speculative_tokens ?? "default"}`],
-    ["time to first audio", `${result.ttfaMs} ms`],
-    ["tokens/s", result.tokensPerSecond.toFixed(1)],
-    ["acceptance rate", pct(d.acceptance_rate)],
-    ["mean accepted length", d.mean_accepted_len == null ? "–" : d.mean_accepted_len.toFixed(2)],
-    ["tokens / verify steps", `${d.tokens} / ${d.steps}`],
-    ["audio", `${d.audio_seconds.toFixed(2)} s`],
+    ["seeds", runs.map((r) => r.seed).join(", ")],
+    ["time to first audio", spreadText(runs, "ttfaMs", Math.round, " ms")],
+    ["tokens/s", spreadText(runs, "tokensPerSecond", (x) => x.toFixed(1))],
+    ["acceptance rate", spreadText(runs, "acceptanceRate", percent, " %")],
+    ["mean accepted length", spreadText(runs, "meanAcceptedLen", (x) => x.toFixed(2))],
+    [`tokens / verify steps (seed ${runs[0].seed})`, `${d.tokens} / ${d.steps}`],
+    [`audio (seed ${runs[0].seed})`, `${d.audio_seconds.toFixed(2)} s`],
   ];
   $(ids.stats).replaceChildren(...rows.flatMap(([k, v]) => {
     const dt = document.createElement("dt"); dt.textContent = k;
-    const dd = document.createElement("dd"); dd.textContent = v; dd.dataset.key = k;
+    const dd = document.createElement("dd"); dd.textContent = v; dd.dataset.key = k.split(" (")[0];
     return [dt, dd];
   }));
   drawWave($(ids.wave), result.pcm);
   drawTrace($(ids.trace), result.trace, stats.maxGamma, 1);  // finished: the whole width
   $(ids.play).disabled = result.pcm.length === 0;
+}
+
+// B − A per seed (the same seed on both sides), so a difference can be told from run-to-run noise.
+function showDifference() {
+  const pairs = ab.A.runs.map((a, i) => [a, ab.B.runs[i]])
+    .filter(([a, b]) => a.acceptanceRate != null && b.acceptanceRate != null);
+  const diffs = pairs.map(([a, b]) => 100 * (b.acceptanceRate - a.acceptanceRate));
+  ab.acceptanceDiffs = diffs;
+  const points = (x) => `${x >= 0 ? "+" : ""}${x.toFixed(1)}`;
+  let text = "acceptance rate B − A: n/a (no draft on one side)";
+  if (diffs.length) {
+    const lo = Math.min(...diffs), hi = Math.max(...diffs);
+    const verdict = diffs.length < 2 ? "one seed: run more before reading a difference"
+      : lo > 0 ? "B above A on every seed" : hi < 0 ? "A above B on every seed"
+      : "the sign changes from seed to seed: within run-to-run noise";
+    text = `acceptance rate B − A, per seed: median ${points(medianOf(diffs))} points ` +
+           `(${points(lo)} … ${points(hi)} over ${diffs.length} seeds): ${verdict}`;
+  }
+  $("ab-difference").textContent = text;
 }
 
 function setAbStatus(text) { ab.status = text; $("ab-status").textContent = text; }
@@ -119,12 +164,20 @@ $("ab-run").addEventListener("click", async () => {
   const text = $("text").value.trim();
   if (!text) return;
   $("ab-run").disabled = true;
+  const seeds = Math.min(Math.max(Number($("ab-runs").value) || 1, 1), 10);
   try {
+    const results = { A: [], B: [] };
+    for (let i = 0; i < seeds; i++) {
+      for (const side of ["A", "B"]) {
+        setAbStatus(`speaking ${side}, seed ${i + 1} of ${seeds}…`);
+        results[side].push(await runSide(sideConfig(side, i), text));
+      }
+    }
     for (const side of ["A", "B"]) {
-      setAbStatus(`speaking ${side}…`);
-      ab[side] = await runSide(sideConfig(side), text);
+      ab[side] = { ...results[side][0], runs: results[side].map(runFacts) };
       showSide(side, ab[side]);
     }
+    showDifference();
     setAbStatus("done");
   } catch (err) {
     setAbStatus(`error: ${err.message}`);

@@ -162,35 +162,45 @@ def test_chromium_decodes_streamed_and_whole_flac(page):
     assert streamed["samples"] == whole["samples"] == pcm and streamed["rate"] == 24000
 
 
-def test_ab_mode_speaks_both_settings_and_plays_either(browser, live_server):
-    """A/B: the same text, voice and seed under exact and PCG verification; each side shows its waveform,
-    trace, TTFA, tokens/s and acceptance, and plays on a click. Screenshot: artifacts/playground-ab.png."""
-    page = new_page(browser, live_server, height=1500)
+def test_ab_mode_speaks_both_settings_over_several_seeds_and_plays_either(browser, live_server):
+    """A/B: the same text and voice under exact and PCG verification, over 3 seeds each (alternating A and
+    B), so one run cannot mislead: each side shows its median and range over the seeds, the page the
+    per-seed difference B − A; each side shows its first seed's waveform and trace, and plays on a click.
+    Screenshot: artifacts/playground-ab.png."""
+    page = new_page(browser, live_server, height=1600)
     page.goto(live_server.url + "/")
     page.wait_for_function("window.playground && window.playground.status === 'ready'", timeout=30_000)
     page.fill("#text", "Compare the two settings, side by side.")
     page.fill("#seed", "4")
+    page.fill("#ab-runs", "3")
     page.select_option("#ab-a-acceptance", "exact")
     page.select_option("#ab-b-acceptance", "pcg")
     page.click("#ab-run")
     page.wait_for_function("['done'].includes(window.playground.ab.status) || "
-                           "window.playground.ab.status.startsWith('error')", timeout=240_000)
+                           "window.playground.ab.status.startsWith('error')", timeout=400_000)
     ab = page.evaluate("""() => Object.fromEntries(["A", "B"].map(side => {
       const r = window.playground.ab[side];
       return [side, {samples: r.pcm.length, ttfaMs: r.ttfaMs, tokensPerSecond: r.tokensPerSecond,
-                     done: r.done, chunks: r.trace.length, config: r.config}];
+                     done: r.done, chunks: r.trace.length, config: r.config, runs: r.runs}];
     }))""")
     assert page.evaluate("window.playground.ab.status") == "done"
     for side, rule in (("A", "exact"), ("B", "pcg")):
         r = ab[side]
         assert r["config"]["acceptance"] == rule and r["config"]["seed"] == 4
+        assert [run["seed"] for run in r["runs"]] == [4, 5, 6]
         assert r["samples"] > 4800 and r["samples"] == r["done"]["samples"]
         assert r["ttfaMs"] > 0 and r["tokensPerSecond"] > 0 and r["chunks"] >= 1
         assert 0 <= r["done"]["acceptance_rate"] <= 1 and r["done"]["drafted"] > 0
         assert painted_pixels(page, f"#ab-{side.lower()}-wave") > 200
         assert painted_pixels(page, f"#ab-{side.lower()}-trace") > 50
+        rates = sorted(100 * run["acceptanceRate"] for run in r["runs"])
         shown = page.inner_text(f"#ab-{side.lower()}-stats dd[data-key='acceptance rate']")
-        assert shown == f"{100 * r['done']['acceptance_rate']:.1f} %"
+        assert shown == f"{rates[1]:.1f} ({rates[0]:.1f}–{rates[2]:.1f}) %"  # median (min–max)
+        assert page.inner_text(f"#ab-{side.lower()}-stats dd[data-key='seeds']") == "4, 5, 6"
+    pairs = zip(ab["A"]["runs"], ab["B"]["runs"], strict=True)
+    diffs = [100 * (b["acceptanceRate"] - a["acceptanceRate"]) for a, b in pairs]
+    assert page.evaluate("window.playground.ab.acceptanceDiffs") == pytest.approx(diffs)
+    assert "over 3 seeds" in page.inner_text("#ab-difference")
     page.click("#ab-b-play")
     page.wait_for_function("window.playground.ab.playing === 'B' && window.playground.ab.playedSeconds > 0.2",
                            timeout=30_000)
@@ -199,4 +209,26 @@ def test_ab_mode_speaks_both_settings_and_plays_either(browser, live_server):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "playground-ab.png"), full_page=True)
     assert page.errors == [] and page.offsite == []
+    page.close()
+
+
+def test_the_page_has_an_icon_and_asks_for_nothing_missing(browser, live_server):
+    """The favicon is served (browsers ask for it on every page) and the page loads nothing that 404s. (A
+    plain page: Playwright's request routing, which new_page() uses, fails fetches of the favicon.)"""
+    page = browser.new_page()
+    page.errors = []
+    page.on("pageerror", lambda exc: page.errors.append(str(exc)))
+    missing = []
+    page.on("response", lambda response: missing.append(response.url) if response.status == 404 else None)
+    page.goto(live_server.url + "/")
+    page.wait_for_function("window.playground && window.playground.status === 'ready'", timeout=30_000)
+    icon = page.evaluate("""async () => {
+      const link = document.querySelector("link[rel=icon]");
+      const response = await fetch(link.href);
+      return {href: link.getAttribute("href"), status: response.status,
+              type: response.headers.get("content-type"),
+              head: Array.from(new Uint8Array(await response.arrayBuffer()).slice(0, 4))};
+    }""")
+    assert icon == {"href": "/favicon.ico", "status": 200, "type": "image/x-icon", "head": [0, 0, 1, 0]}
+    assert missing == [] and page.errors == []
     page.close()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -66,6 +69,43 @@ def test_pcgtts_serve_process_from_environment(demo_bundle, tmp_path):
     assert (tmp_path / "voices" / "voices.sqlite3").exists()
 
 
+def test_one_line_says_when_the_server_speaks_and_names_the_url_to_open(demo_bundle, tmp_path):
+    """uvicorn's "running on" comes while the model may still load (a POST then gets 503); the ready line
+    comes once the model is loaded and the socket listens, with the URL of PCGTTS_PORT: at that moment a
+    speech request succeeds."""
+    port = free_port()
+    env = {**os.environ, "PCGTTS_MODEL": str(demo_bundle), "PCGTTS_PORT": str(port),
+           "PCGTTS_DATA_DIR": str(tmp_path), "PCGTTS_LOG_LEVEL": "info"}
+    process = subprocess.Popen([sys.executable, "-m", "pcgtts.cli", "serve"], env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not any("ready: open" in line for line in seen):
+            assert time.monotonic() < deadline and process.poll() is None, "".join(seen)
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        url = f"http://127.0.0.1:{port}"
+        body = {"input": "Ready now.", "response_format": "pcm", "max_tokens": 20}
+        spoken = httpx.post(url + "/v1/audio/speech", json=body, timeout=120)  # at once: no retry
+        assert spoken.status_code == 200 and len(spoken.content) > 0, spoken.text
+        assert httpx.get(url + "/ready").status_code == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    ready = next(line for line in seen if "ready: open" in line)
+    assert f"ready: open {url}/ for the playground, {url}/docs for the API" in ready
+    assert any("Uvicorn running on" in line for line in seen[:seen.index(ready)])
+    from pcgtts.server.cli import browser_url  # a wildcard host is opened as this machine
+
+    assert browser_url("0.0.0.0", 9000) == "http://127.0.0.1:9000/"
+    assert browser_url("::", 9000) == "http://[::1]:9000/" and browser_url("fe80::1", 80) == "http://[fe80::1]:80/"
+
+
 @pytest.fixture(scope="module")
 def guarded_server(demo_bundle, tmp_path_factory):
     """API key required; a waiting queue of 0 so that every synthesis is refused as overload."""
@@ -101,6 +141,31 @@ def test_overload_is_rate_limit_error(guarded_server):
         client.audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
     assert info.value.code == "rate_limit_exceeded"
     assert info.value.response.headers["retry-after"] == "1"
+
+
+def test_refusals_are_counted_apart_from_errors(guarded_server):
+    """/metrics: a 429 (the server at capacity) is status="refused", not "error", so an operator tells
+    overload from faults."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def requests_by_status() -> dict[str, float]:
+        text = httpx.get(guarded_server.url + "/metrics").text
+        family = next(f for f in text_string_to_metric_families(text) if f.name == "pcgtts:requests")
+        out: dict[str, float] = {}
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[sample.labels["status"]] = out.get(sample.labels["status"], 0) + sample.value
+        return out
+
+    before = requests_by_status()
+    for fmt in ("pcm", "wav"):
+        refused = httpx.post(guarded_server.url + "/v1/audio/speech", timeout=60,
+                             json={"input": "Hello.", "response_format": fmt},
+                             headers={"Authorization": "Bearer sekret"})
+        assert refused.status_code == 429
+    after = requests_by_status()
+    assert after.get("refused", 0) - before.get("refused", 0) == 2
+    assert after.get("error", 0) == before.get("error", 0)
 
 
 def test_model_that_fails_to_load_is_reported(tmp_path):

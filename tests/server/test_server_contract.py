@@ -41,7 +41,7 @@ def test_openapi_lists_every_served_format_and_the_real_ranges(live_server):
     assert {"audio/basic", "audio/x-alaw-basic", "audio/mpeg", "audio/pcm"} <= set(content)
     fields = schema["components"]["schemas"]["SpeechRequest"]["properties"]
     gamma = fields["num_speculative_tokens"]["anyOf"][0]
-    assert gamma["minimum"] == 1 and gamma["maximum"] == 16
+    assert gamma["minimum"] == 1 and gamma["maximum"] == live_server.state.service.engine_gamma  # the model's
     for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens", "speed"):
         spec = fields[name]["anyOf"][0] if "anyOf" in fields[name] else fields[name]
         assert "minimum" in spec and "maximum" in spec, name
@@ -115,10 +115,17 @@ def test_admitted_requests_are_never_refused_for_later_sentences(tts_service):
 
 
 def test_utterances_of_a_token_or_two_are_served(live_server):
-    """Found by the fuzzer: a 2-token utterance is a codec block shorter than the STFT's reflect padding."""
-    for max_tokens in (1, 2, 3):
+    """Found by the fuzzer: a 2-token utterance is a codec block shorter than the STFT's reflect padding.
+    The fewest tokens that make audio are served; fewer are a 400 naming that smallest value."""
+    smallest = live_server.state.service.min_max_tokens
+    for max_tokens in (smallest, smallest + 1, smallest + 2):
         for fmt in ("wav", "mp3"):
             body = {"input": "0", "max_tokens": max_tokens, "temperature": 0, "top_p": 0.01,
                     "repetition_penalty": 0.1, "seed": 0, "response_format": fmt}
             response = httpx.post(live_server.url + "/v1/audio/speech", json=body, timeout=120)
             assert response.status_code == 200, (max_tokens, fmt, response.text)
+            assert sf.info(io.BytesIO(response.content)).frames > 0 if fmt == "wav" else response.content
+    for max_tokens in range(1, smallest):
+        response = httpx.post(live_server.url + "/v1/audio/speech",
+                              json={"input": "0", "max_tokens": max_tokens})
+        assert response.status_code == 400 and f"at least {smallest}" in response.json()["error"]["message"]

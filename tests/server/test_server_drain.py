@@ -70,6 +70,29 @@ class SSEClient(threading.Thread):
                     self.first_audio.set()
 
 
+class RawClient(threading.Thread):
+    """Reads one raw PCM speech stream in a thread: the request id, the bytes, and how the transfer ended."""
+
+    def __init__(self, url: str, text: str):
+        super().__init__(daemon=True)
+        self.url, self.text = url, text
+        self.first_audio = threading.Event()
+        self.request_id, self.received, self.ended = None, 0, None
+
+    def run(self) -> None:
+        body = {"input": self.text, "response_format": "pcm", "seed": 3}
+        try:
+            with httpx.stream("POST", self.url + "/v1/audio/speech", json=body, headers=AUTH,
+                              timeout=300) as response:
+                self.request_id = response.headers["x-request-id"]
+                for chunk in response.iter_bytes():
+                    self.received += len(chunk)
+                    self.first_audio.set()
+            self.ended = "complete"
+        except httpx.RemoteProtocolError:  # the body's last chunk never came
+            self.ended = "cut"
+
+
 def ws_utterance(url: str, text: str, started: threading.Event, out: list) -> None:
     # the old query form of the key, so that the log check below sees it redacted
     with connect(url.replace("http://", "ws://") + f"/v1/audio/speech/stream?api_key={KEY}") as ws:
@@ -136,17 +159,25 @@ def test_streams_past_the_drain_deadline_end_with_a_word_and_exit_is_zero(demo_b
         whole: list = []
         waiter = threading.Thread(target=whole_response, args=(server.url, LONG * 12, whole), daemon=True)
         waiter.start()
+        raw = RawClient(server.url, LONG * 12)
+        raw.start()
         sse, ws, ws_out = start_streams(server, LONG * 12)
+        assert raw.first_audio.wait(120), server.log.read_text()
         server.process.send_signal(signal.SIGTERM)
         readiness = server.ready()
-        in_flight = sse.is_alive() and ws.is_alive()
+        in_flight = sse.is_alive() and ws.is_alive() and raw.is_alive()
         assert readiness == 503 and in_flight  # /ready says so while the streams still run
-        sse.join(120)
-        ws.join(120)
-        waiter.join(120)
+        for client in (sse, ws, waiter, raw):
+            client.join(120)
         assert server.process.wait(120) == 0, server.log.read_text()
     finally:
         server.close()
+    # the raw stream: an unfinished transfer for the client, one INFO line naming it in the log, no error
+    assert raw.ended == "cut" and raw.received > 0
+    log = server.log.read_text()
+    cut = [line for line in log.splitlines() if "cut at the drain deadline" in line]
+    assert len(cut) == 1 and " INFO " in cut[0] and raw.request_id in cut[0], cut
+    assert "ERROR" not in log and "Traceback" not in log, log[-4000:]
     assert whole[0].status_code == 503 and whole[0].json()["error"]["code"] == "server_shutdown"
     assert sse.events[-1]["type"] == "speech.audio.error", sse.events[-1]
     assert sse.events[-1]["error"]["code"] == "server_shutdown"

@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from pcgtts.server.security import RedactSecrets, keys_equal
+from pcgtts.server.security import SecretRedactor, keys_equal
 from pcgtts.server.settings import ServerSettings
 from server_support import LiveServer, free_port
 from websockets.exceptions import InvalidStatus
@@ -170,14 +170,24 @@ def test_websocket_from_a_foreign_origin_is_refused(guarded):
 
 
 def test_keys_are_redacted_from_log_lines_and_compared_in_constant_time():
-    path = f"/v1/audio/speech/stream?api_key={KEY}&x=1"
+    import base64
+
+    redactor = SecretRedactor()
+    redactor.add(KEY)
+    path = f"/v1/audio/speech/stream?api_key={KEY}&x={KEY}"
     record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
                                ("127.0.0.1:5", "GET", path, "1.1", 101), None)
-    RedactSecrets().filter(record)
+    redactor.scrub(record)
     assert len(record.args) == 5  # uvicorn's access formatter unpacks them
     line = record.getMessage()
-    assert KEY not in line and "api_key=[REDACTED]&x=1" in line
+    assert KEY not in line and "api_key=[REDACTED]&x=[REDACTED]" in line  # by value, not only by pattern
     header = logging.LogRecord("pcgtts", logging.INFO, __file__, 1, "Authorization: Bearer %s", (KEY,), None)
-    RedactSecrets().filter(header)
+    redactor.scrub(header)
     assert KEY not in header.getMessage()
+    encoded = base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("=")
+    offered = f"pcgtts, pcgtts.bearer.{encoded}".encode()
+    as_bytes = logging.LogRecord("websockets", logging.DEBUG, __file__, 1, "< %s: %s",
+                                 ("sec-websocket-protocol", offered), None)
+    redactor.scrub(as_bytes)  # the key's base64url form, inside an argument that is not a str
+    assert encoded not in as_bytes.getMessage() and "[REDACTED]" in as_bytes.getMessage()
     assert keys_equal(KEY, KEY) and not keys_equal(KEY[:-1], KEY) and not keys_equal(None, KEY)

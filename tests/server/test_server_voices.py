@@ -75,7 +75,7 @@ def test_upload_list_get_use_delete(server, client):
     assert httpx.get(f"{server.url}/v1/audio/voices/{voice['id']}").status_code == 404
     with pytest.raises(openai.NotFoundError):
         client.audio.voices.delete(voice["id"])
-    with pytest.raises(openai.BadRequestError) as info:
+    with pytest.raises(openai.NotFoundError) as info:
         client.audio.speech.create(voice="Ada", **args)
     assert info.value.code == "voice_not_found"
 
@@ -128,7 +128,7 @@ def test_duplicate_and_preset_names_conflict(server, client):
                   if v["kind"] == "preset")
     clash = upload(server, preset, wav_bytes(tone(1.5)))
     assert clash.status_code == 409
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.PermissionDeniedError):
         client.audio.voices.delete(preset)  # presets belong to the model
 
 

@@ -93,3 +93,21 @@ def test_bad_input_is_a_clean_error_with_exit_code_2(demo_bundle, tmp_path, args
     assert done.stderr.startswith("pcgtts synth: error: ") and message in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "x.wav").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["Hello.", "-o", "no-such-folder/x.wav"], "the folder 'no-such-folder' does not exist"),
+    (["Hello.", "-o", "x.wav", "--speed", "9"], "Invalid value for 'speed'"),
+    (["Hello.", "-o", "x.wav", "--temperature", "5"], "Invalid value for 'temperature'"),
+    (["", "-o", "x.wav"], "TEXT is empty"),
+    (["Hello.", "-o", "x.doc"], "cannot tell the format"),
+])
+def test_arguments_are_checked_before_anything_loads(tmp_path, args, message):
+    """A model directory that does not exist: had the command loaded anything before checking its own
+    arguments, it would have failed on the model instead."""
+    done = subprocess.run([sys.executable, "-m", "pcgtts.cli", "synth", *args, "--model",
+                           str(tmp_path / "no-model"), "--data-dir", str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("pcgtts synth: error: ") and message in done.stderr, done.stderr
+    assert "no-model" not in done.stderr and not list(tmp_path.glob("*.wav"))

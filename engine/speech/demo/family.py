@@ -31,6 +31,7 @@ MAX_WORDS_PER_CHUNK = 16  # the model was trained on clauses of 4-14 words
 
 class DemoPhonemeFamily(SpeechFamily):
     name = "demo-phoneme"
+    tokens_before_audio = 1  # the constraint forces the first phoneme's marker first
 
     def __init__(self, vocab: DemoVocab, voices: dict[str, VoicePrompt] | None = None,
                  default_voice: str | None = None, max_phoneme_frames: dict[str, int] | None = None,
