@@ -65,6 +65,7 @@ smoke() {
   for _ in $(seq 600); do
     if curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; then rc=0; break; fi
     kill -0 $server 2>/dev/null || break
+    curl -s "http://127.0.0.1:$PORT/ready" | grep -q '"failed"' && break  # the model failed to load
     sleep 1
   done
   if [ $rc = 0 ]; then

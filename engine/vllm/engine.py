@@ -75,6 +75,12 @@ def verify_settings(config: EngineConfig) -> VerifySettings:
                           acceptance_params=dict(config.acceptance_params), seed=config.seed)
 
 
+def _max_positions(target: Path) -> int:
+    import json
+
+    return int(json.loads((target / "config.json").read_text()).get("max_position_embeddings", 1 << 31))
+
+
 def engine_args(config: EngineConfig, options: VllmOptions):
     """vLLM's AsyncEngineArgs for our EngineConfig (the draft as vLLM's draft-model method, our rule in
     additional_config)."""
@@ -87,15 +93,18 @@ def engine_args(config: EngineConfig, options: VllmOptions):
         spec = {"model": str(config.draft), "method": "draft_model", "draft_sample_method": "probabilistic",
                 "num_speculative_tokens": config.num_speculative_tokens}
     kv_bytes = options.kv_cache_bytes
+    max_model_len = config.max_model_len
     if kv_bytes is None and not cuda:
-        # our engine's token budget, for the target and (under speculation) the draft
+        # our engine's token budget, for the target and (under speculation) the draft; as in our engine, a
+        # sequence may hold at most what the budget holds (vLLM refuses a max_model_len it cannot hold)
         tokens = config.kv_budget_tokens or 16384
         kv_bytes = _kv_bytes(target, tokens) + (_kv_bytes(Path(config.draft), tokens) if spec else 0)
+        max_model_len = max_model_len or min(tokens, _max_positions(target))
     return AsyncEngineArgs(
         model=str(target), skip_tokenizer_init=True, seed=config.seed,
         dtype=options.dtype or ("bfloat16" if cuda else "float32"),
         enforce_eager=(not cuda) if options.enforce_eager is None else options.enforce_eager,
-        max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs, max_model_len=max_model_len,
         enable_prefix_caching=config.enable_prefix_caching, disable_log_stats=False,
         speculative_config=spec, additional_config=verify_settings(config).to_additional_config(),
         per_request_spec_decode_metrics="summary",
