@@ -98,7 +98,8 @@ def engine_args(config: EngineConfig, options: VllmOptions):
         # our engine's token budget, for the target and (under speculation) the draft; as in our engine, a
         # sequence may hold at most what the budget holds (vLLM refuses a max_model_len it cannot hold)
         tokens = config.kv_budget_tokens or 16384
-        kv_bytes = _kv_bytes(target, tokens) + (_kv_bytes(Path(config.draft), tokens) if spec else 0)
+        room = tokens + tokens // 8  # vLLM rounds to blocks and keeps room for the speculative lookahead
+        kv_bytes = _kv_bytes(target, room) + (_kv_bytes(Path(config.draft), room) if spec else 0)
         max_model_len = max_model_len or min(tokens, _max_positions(target))
     return AsyncEngineArgs(
         model=str(target), skip_tokenizer_init=True, seed=config.seed,
