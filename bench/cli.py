@@ -17,6 +17,7 @@ BENCHMARKS = {
     "rejections": ("rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
     "draft-cost": ("draft_cost", "c = draft / target per-token cost, drafts side by side"),
     "groups": ("groups", "ASGs: swap test and PCG decoding, WER and similarity"),
+    "voice-agent": ("voice_agent", "WebSocket sentence mode: first audio while an LLM still writes"),
 }
 
 

@@ -1,12 +1,13 @@
 """The first hour, measured: `make serve` in a fresh clone, from nothing to the ready line.
 
-    python3 bench/first_run.py --out bench/results/install/first_run.json
+    .venv/bin/python -m pcgtts.bench.first_run --out bench/results/install/first_run.json
 
 Clones this repository's HEAD into a temporary folder, runs `make serve` there (with PCGTTS_PORT set to a
 free port), timestamps every line it prints, stops the server at the ready line ("ready: open ..."), and
 writes the seconds to the ready line, the seconds per install stage ("==> [n/4]" lines), the longest
 stretch without output, and the size of the clone's .venv. Runs with the system's python3 and pip
-configuration (pip.conf mirrors, caches): say which when quoting the numbers.
+configuration (pip.conf mirrors, caches): say which when quoting the numbers. The measuring process itself
+runs from an installed checkout (it records the machine and writes results with bench/common.py).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from pcgtts.bench.common import machine, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 READY = "ready: open"
@@ -34,14 +36,6 @@ def free_port() -> int:
 
 def folder_bytes(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "system": f"{platform.system()} {platform.release()}"}
 
 
 def first_run(clone: Path, timeout_s: float) -> dict:
@@ -104,8 +98,7 @@ def main() -> int:
                   date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                   load_average_1min={"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)})
     result["venv_gb"] = round(result["venv_bytes"] / 1e9, 2)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("seconds_to_ready_line", "venv_gb", "longest_silence_s")}))
     return 0 if result["seconds_to_ready_line"] is not None else 1
 

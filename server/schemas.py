@@ -77,10 +77,18 @@ class SamplingFields(BaseModel):
         return value
 
 
+# Word timings travel as SSE events only: the schema says so (JSON Schema's if/then), so a client or a fuzzer
+# reading it knows that word_timings without stream_format "sse" is refused.
+_TIMINGS_NEED_SSE = {
+    "if": {"properties": {"word_timings": {"const": True}}, "required": ["word_timings"]},
+    "then": {"properties": {"stream_format": {"const": "sse"}}, "required": ["stream_format"]},
+}
+
+
 class SpeechRequest(SamplingFields):
     """Body of POST /v1/audio/speech."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra=_TIMINGS_NEED_SSE)
 
     model: str = Field("pcgtts", max_length=256, description="Any model name; all map to the served model.")
     input: str = Field(min_length=1, max_length=MAX_INPUT_CHARS, description="Text to speak.")
@@ -92,6 +100,11 @@ class SpeechRequest(SamplingFields):
     response_format: ResponseFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True, description="Playback speed, pitch preserved.")
     stream_format: Literal["audio", "sse"] = "audio"
+    word_timings: bool = Field(
+        False, strict=True,
+        description="With stream_format 'sse': `speech.audio.alignment` events say when each word is heard "
+                    "(`words`: text, start and end sample at `sample_rate`), where the model's family knows "
+                    "its alignment (`pcgtts.word_timings` in GET /v1/models); otherwise none are sent.")
     stream: bool | None = Field(
         None, strict=True,
         description="Extension. true: stream (bytes leave as they are made); false: wait for the whole "

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import numpy as np
+from pcgtts.server.audio.pipeline import OutputPipeline
 from pcgtts.server.drain import SHUTDOWN_REASON, ServerShuttingDown, StreamCut
 from pcgtts.server.errors import APIError, bad_request
 from pcgtts.server.metrics import RequestOutcome, ServerMetrics, UnderrunTracker
@@ -27,6 +29,7 @@ from pcgtts.tts import (
     SynthesisOptions,
     TTSService,
     VoicePrompt,
+    WordTiming,
 )
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -37,12 +40,32 @@ class ClientGone(Exception):
     """The client disconnected before the response started."""
 
 
-def synthesis_options(fields: SamplingFields, *, streaming: bool = True) -> SynthesisOptions:
+def synthesis_options(fields: SamplingFields, *, streaming: bool = True,
+                      word_timings: bool = False) -> SynthesisOptions:
     return SynthesisOptions(
         temperature=fields.temperature, top_k=fields.top_k, top_p=fields.top_p,
         repetition_penalty=fields.repetition_penalty, max_tokens=fields.max_tokens, seed=fields.seed,
         acceptance=fields.acceptance, num_speculative_tokens=fields.num_speculative_tokens,
-        asg_table=fields.asg_table, streaming=streaming)
+        asg_table=fields.asg_table, streaming=streaming, word_timings=word_timings)
+
+
+class WordClock:
+    """A synthesis's word timings in samples of the audio sent (the pipeline's output), each word handed
+    out once the audio sent has reached its start, so a timing never runs ahead of its sound."""
+
+    def __init__(self, synth: Synthesis, pipeline: OutputPipeline):
+        self._synth, self._pipeline = synth, pipeline
+        self._known: deque[WordTiming] = deque()
+
+    def due(self, final: bool = False) -> list[dict]:
+        """`{"text", "start", "end"}` of the words now due (final: all that are left)."""
+        self._known.extend(self._synth.take_words())
+        position, sent = self._pipeline.position, self._pipeline.samples_out
+        due = []
+        while self._known and (final or position(self._known[0].start) < sent):
+            word = self._known.popleft()
+            due.append({"text": word.text, "start": position(word.start), "end": position(word.end)})
+        return due
 
 
 def service_error(exc: Exception) -> APIError:

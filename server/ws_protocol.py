@@ -23,7 +23,7 @@ class Message(BaseModel):
 
 # ----------------------------------------------------------------------------------- client -> server
 class InputText(Message):
-    """Appends text to the pending utterance."""
+    """Appends text to the pending utterance; in sentence mode each sentence it completes is spoken now."""
 
     type: Literal["input.text"] = "input.text"
     text: str
@@ -34,19 +34,23 @@ class InputDone(Message):
 
 
 InputDone.__doc__ = (f"Speaks the pending text (queued behind a running utterance; at most {MAX_QUEUED} "
-                     "waiting per connection, more get an error). With no text pending (none sent, or only "
-                     "whitespace, since the last input.done) it answers an `error` event, code "
+                     "waiting per connection, more get an error); in sentence mode, the rest of the "
+                     "utterance's text (it was queued at its first words). With no text pending (none sent, "
+                     "or only whitespace, since the last input.done) it answers an `error` event, code "
                      "`empty_input`.")
 
 
 class InputCancel(Message):
-    """Aborts the running utterance (it ends with a `cancelled` audio.done) and drops queued ones."""
+    """Barge-in: aborts the running utterance at once (it ends with a `cancelled` audio.done; the engine
+    stops its work within one step) and drops queued ones, in sentence mode also the text still arriving
+    and its sentences not yet spoken."""
 
     type: Literal["input.cancel"] = "input.cancel"
 
 
 class SessionClose(Message):
-    """Finishes the queued utterances, then answers `session.done` and closes the socket."""
+    """Finishes the queued utterances (in sentence mode the text that has arrived is spoken to its end), then
+    answers `session.done` and closes the socket."""
 
     type: Literal["session.close"] = "session.close"
 
@@ -101,6 +105,25 @@ class AudioProgress(Acceptance):
     chunk: ChunkAcceptance
 
 
+class AlignedWord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    start: int
+    end: int
+
+
+class AudioAlignment(Message):
+    """With `word_timings` in the session's config, where the model's family knows its alignment
+    (`pcgtts.word_timings` in GET /v1/models; none otherwise, never a guess): after a binary frame, the words
+    whose start the audio sent so far has reached, each once, in order (the rest after the last frame)."""
+
+    type: Literal["audio.alignment"] = "audio.alignment"
+    utterance_id: int
+    words: list[AlignedWord] = Field(description='`[{"text", "start", "end"}]`: the word as written, its '
+                                                 "first sample and its end (exclusive), counted in the "
+                                                 "utterance's binary frames from its first sample")
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_tokens: int
@@ -144,10 +167,10 @@ class SessionDone(Message):
 
 
 CLIENT_MESSAGES: tuple[type[BaseModel], ...] = (InputText, InputDone, InputCancel, SessionClose)
-SERVER_EVENTS: tuple[type[Message], ...] = (SessionCreated, AudioStart, AudioProgress, AudioDone, ErrorEvent,
-                                            SessionDone)
-_SERVER_EVENT = TypeAdapter(Annotated[SessionCreated | AudioStart | AudioProgress | AudioDone | ErrorEvent
-                                      | SessionDone, Field(discriminator="type")])
+SERVER_EVENTS: tuple[type[Message], ...] = (SessionCreated, AudioStart, AudioProgress, AudioAlignment,
+                                            AudioDone, ErrorEvent, SessionDone)
+_SERVER_EVENT = TypeAdapter(Annotated[SessionCreated | AudioStart | AudioProgress | AudioAlignment | AudioDone
+                                      | ErrorEvent | SessionDone, Field(discriminator="type")])
 
 
 def parse_server_event(payload: dict) -> Message:
@@ -194,6 +217,7 @@ def protocol_markdown(session_config: type[BaseModel], handshake: str) -> str:
         "Client -> server, JSON text messages:",
         f'* `{{"type": "session.config", ...}}`: {" ".join((session_config.__doc__ or "").split())} '
         f"Fields: {config_fields}.",
+        *_field_notes(session_config),
     ]
     lines += [_message_line(m) for m in CLIENT_MESSAGES]
     lines += ["", "Server -> client, JSON text messages and binary audio frames:"]

@@ -114,3 +114,44 @@ def test_the_check_finds_violations(tmp_path):
     assert flagged == {"server/internal.py", "server/engine_use.py", "server/sub/rel.py", "tts/up.py",
                        "engine/sub/up.py", "engine/lazy.py", "asg_tables/up.py"}, found
     assert any("engine/sub/up.py:2 imports pcgtts.tts" in v for v in found)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return "pcgtts." + ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_circles(root: Path, room: str) -> list[list[str]]:
+    """Circles of imports between the room's modules (TYPE_CHECKING ones too: a reader follows them as well).
+    A module importing a package that holds it is not counted: the package's __init__ re-exporting its
+    modules is the usual shape, not a circle between two modules' designs."""
+    graph = {}
+    for path in sorted((root / room).rglob("*.py")):
+        name = module_name(path, root)
+        graph[name] = {m for _, m in imported_modules(path, root)
+                       if m.startswith(f"{PREFIX}{room}") and not name.startswith(m + ".") and m != name}
+    circles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node] & graph.keys()):
+            if state.get(nxt) == "open":
+                circles.append(path[path.index(nxt):] + [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [])
+    return circles
+
+
+def test_no_module_imports_itself_in_a_circle(tmp_path):
+    assert {room: import_circles(ROOT, room) for room in FORBIDDEN} == {room: [] for room in FORBIDDEN}
+    (tmp_path / "tts").mkdir()
+    (tmp_path / "tts/__init__.py").write_text("from pcgtts.tts.a import A\n")
+    (tmp_path / "tts/a.py").write_text("import pcgtts.tts\nfrom pcgtts.tts.b import B\n")
+    (tmp_path / "tts/b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                       "    from pcgtts.tts.a import A\n")
+    assert import_circles(tmp_path, "tts") == [["pcgtts.tts.a", "pcgtts.tts.b", "pcgtts.tts.a"]]

@@ -6,7 +6,8 @@ The server and the `pcgtts synth` CLI use only what this module exports; one req
     service.py      TTSService (loads a bundle, starts the engine) and TTSConfig
     synthesis.py    one request: its segments generated one after another, streamed as audio chunks
     decode_pool.py  the codec threads, batched across streams
-    text.py         splitting long input into sentences
+    text.py         where sentences end (whole inputs and text still arriving), and cutting them into segments
+    feed.py         TextFeed: an utterance's text while it still arrives, spoken sentence by sentence
     bundle.py       a model bundle's manifest: family, codec, target/draft, ASG tables, voices
     errors.py       the service's exceptions
     cli.py          `pcgtts synth`
@@ -23,9 +24,11 @@ from pcgtts.tts.errors import (
     ServiceUnavailable,
     SynthesisFailed,
 )
-from pcgtts.tts.service import EngineStats, TTSConfig, TTSService
-from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats
+from pcgtts.tts.feed import TextFeed
+from pcgtts.tts.service import TTSConfig, TTSService
+from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions, SynthesisStats, WordTiming
 
-__all__ = ["CodecStats", "EncoderUnavailable", "EngineStats", "InputTooLong", "InvalidOptions",
-           "NothingToSay", "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis",
-           "SynthesisFailed", "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "VoicePrompt"]
+__all__ = ["CodecStats", "EncoderUnavailable", "InputTooLong", "InvalidOptions", "NothingToSay",
+           "ReferenceClip", "ServiceOverloaded", "ServiceUnavailable", "Synthesis", "SynthesisFailed",
+           "SynthesisOptions", "SynthesisStats", "TTSConfig", "TTSService", "TextFeed", "VoicePrompt",
+           "WordTiming"]

@@ -11,7 +11,11 @@ returns a `Synthesis`, an async iterator of float32 audio chunks at the codec's 
   audio leaves as soon as the codec has a final block;
 * the codec work of all live streams runs on `DecodePool` threads (one by default), so the event loop
   never runs model code;
-* closing the iterator (`aclose`) aborts the engine request and frees its KV blocks.
+* closing the iterator (`aclose`) aborts the engine request and frees its KV blocks;
+* text that is still arriving (a voice agent's LLM writing) goes into a `text_feed()`, whose synthesis
+  speaks each sentence once it is complete, as one utterance;
+* with `SynthesisOptions.word_timings`, families that know their alignment say where each word is heard
+  (`Synthesis.words`).
 
 Per-request statistics (time to first audio, tokens, drafted/accepted, audio seconds) are on
 `Synthesis.stats`; the engine's counters on `TTSService.engine_stats()`.
@@ -36,8 +40,9 @@ from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from pcgtts.tts.decode_pool import CodecStats, DecodePool
 from pcgtts.tts.errors import InvalidOptions, NothingToSay
-from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisOptions
-from pcgtts.tts.text import split_sentences
+from pcgtts.tts.feed import TextFeed
+from pcgtts.tts.synthesis import ReferenceClip, Synthesis, SynthesisContext, SynthesisOptions
+from pcgtts.tts.text import sentences_of, split_long, split_sentences
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -97,11 +102,6 @@ def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechF
                          f"({type(constraint).__name__}), which vLLM cannot apply inside its verification; "
                          "serve it with --engine builtin (the vLLM engine serves Llasa-style families)")
     return VllmEngine(engine_config, VllmOptions(allowed_token_ids=family.speech_token_ids()))
-
-
-# The engine's own snapshot (gauges and cumulative counters), re-exported so the server imports only the
-# tts package; `engine_stats()` returns it as published after the engine thread's latest step.
-EngineStats = EngineMetrics
 
 
 # --------------------------------------------------------------------------------------------- service
@@ -200,8 +200,6 @@ class TTSService:
     def _pin_presets(self) -> None:
         """Keep each preset voice's prompt prefix (its reference codes) in the engine's prefix cache for
         good."""
-        if not hasattr(self.engine, "pin_prefix"):
-            return
         for voice in self._presets.values():
             if prefix := self._voice_prefix(voice):
                 self.engine.pin_prefix(prefix)
@@ -210,7 +208,7 @@ class TTSService:
         """Called per request with a voice that is not a preset (an uploaded one): pin its prompt prefix
         too, least recently used first out when the engine's pin budget is full, so a popular uploaded
         voice stays cached like a preset."""
-        if not hasattr(self.engine, "pin_prefix") or any(voice is p for p in self._presets.values()):
+        if any(voice is p for p in self._presets.values()):
             return
         key = hashlib.blake2b(np.ascontiguousarray(voice.codes).tobytes() + voice.transcript.encode(),
                               digest_size=16).digest()
@@ -268,6 +266,7 @@ class TTSService:
             "max_tokens": self.config.max_tokens,
             "sampling_defaults": dict(self.bundle.sampling),
             "limits": self.limits,
+            "word_timings": self.family.aligns_words,  # false: requests asking for them get none
         }
 
     @property
@@ -376,33 +375,60 @@ class TTSService:
             num_speculative_tokens=None if gamma in (None, self.engine_gamma) else gamma,
         )
 
-    def segments(self, text: str) -> list[str]:
-        """Input text -> the pieces synthesised one after another (the family's splitter if it has one)."""
-        pieces = self.family.split_text(text)
-        if pieces is None:
-            pieces = split_sentences(text, self.config.sentence_max_chars)
+    def sentence_segments(self, sentence: str) -> list[str]:
+        """One sentence -> the pieces synthesised one after another (the family's splitter if it has one,
+        else only sentences over `sentence_max_chars` are cut)."""
+        own = self.family.split_sentence(sentence)
+        pieces = own if own is not None else split_long(sentence, self.config.sentence_max_chars)
         return [p for p in pieces if p.strip()]
 
-    def synthesize(self, text: str, voice: VoicePrompt | ReferenceClip | None,
+    def segments(self, text: str) -> list[str]:
+        """Input text -> the pieces synthesised one after another: its sentences (`tts/text.py`), each cut
+        by `sentence_segments`; for a family without a splitter of its own, short sentences are also
+        merged ("Hi. Yes." is one piece)."""
+        sentences = sentences_of(text)
+        if sentences and self.family.split_sentence(sentences[0]) is None:
+            return split_sentences(text, self.config.sentence_max_chars)
+        return [p for sentence in sentences for p in self.sentence_segments(sentence)]
+
+    def text_feed(self, max_pending_chars: int | None = None, max_pending_s: float | None = None) -> TextFeed:
+        """For text that is still arriving: push it into the feed and `synthesize` the feed, which speaks
+        each sentence once it is complete (the bounds speak a long clause before its end; None: no
+        bound). Call on the event loop that iterates the synthesis."""
+        return TextFeed(self.sentence_segments, max_pending_chars, max_pending_s)
+
+    def synthesize(self, text: str | TextFeed, voice: VoicePrompt | ReferenceClip | None,
                    options: SynthesisOptions | None = None) -> Synthesis:
         """The one call per request: text in the voice (None = the model's default; a ReferenceClip is
         encoded when the synthesis starts) -> a Synthesis streaming audio at `Synthesis.sample_rate`.
         Nothing runs until iterated. Raises InvalidOptions, or NothingToSay for text without words, at
-        once; NothingToSay can also come from the first iteration when no segment has speakable sounds."""
+        once; NothingToSay can also come from the first iteration when no segment has speakable sounds
+        (for a TextFeed, only then: its text is not known yet)."""
         options = options or SynthesisOptions()
         self.validate(options)
-        segments = self.segments(text)
+        segments = text if isinstance(text, TextFeed) else self.segments(text)
         if not segments:
             raise NothingToSay("the input holds nothing this model can speak")
-        return Synthesis(self, segments, voice, replace(options))
+        return Synthesis(self._synthesis_context(), segments, voice, replace(options))
+
+    def _synthesis_context(self) -> SynthesisContext:
+        """What a synthesis uses of this service (read when it starts: the current decode pool)."""
+        return SynthesisContext(
+            sample_rate=self.sample_rate, frame_rate=self.codec.frame_rate,
+            sentence_pause_s=self.config.sentence_pause_s, build_prompt=self.family.build_prompt,
+            tokens_to_codes=self.family.tokens_to_codes, sampling_params=self.sampling_params,
+            streaming_decoder=self.codec.streaming_decoder, decode=self.decoder.push,
+            stream=self.engine.stream, set_deadline=self.engine.set_deadline,
+            encode_voice=self.encode_voice, pin_voice=self.pin_voice)
 
     # -- monitoring and shutdown
     @property
     def fault(self) -> str | None:
         """Why the engine failed every request and takes no more (device lost, out of memory), if it did."""
-        return getattr(self.engine, "fault", None)
+        return self.engine.fault
 
-    def engine_stats(self) -> EngineStats:
+    def engine_stats(self) -> EngineMetrics:
+        """The engine's snapshot (gauges and cumulative counters) as published after its latest step."""
         return self.engine.metrics()
 
     def codec_stats(self) -> CodecStats:

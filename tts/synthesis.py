@@ -6,14 +6,14 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 from pcgtts.engine.codec.base import StreamingDecoder
-from pcgtts.engine.speech.base import SpeechPrompt, VoicePrompt
+from pcgtts.engine.speech.base import SpeechPrompt, VoicePrompt, WordSpan
 from pcgtts.tts.errors import (
     InputTooLong,
     NothingToSay,
@@ -21,9 +21,11 @@ from pcgtts.tts.errors import (
     ServiceUnavailable,
     SynthesisFailed,
 )
+from pcgtts.tts.feed import TextFeed
 
 if TYPE_CHECKING:
-    from pcgtts.tts.service import TTSService
+    from pcgtts.engine.async_engine import TokenDelta
+    from pcgtts.engine.config import SamplingParams
 
 log = logging.getLogger("pcgtts.tts")
 
@@ -42,6 +44,7 @@ class SynthesisOptions:
     num_speculative_tokens: int | None = None
     asg_table: str | None = None
     streaming: bool = True  # False: decode each sentence in one pass (whole responses)
+    word_timings: bool = False  # collect where each word is heard (families that align: Synthesis.words)
 
 
 @dataclass
@@ -95,6 +98,37 @@ def _fade_edges(audio: np.ndarray, samples: int, fade_in: bool, fade_out: bool) 
     return audio
 
 
+@dataclass(frozen=True)
+class WordTiming:
+    """Where a word of the input is heard, in samples of the synthesis's audio (its `sample_rate`)."""
+
+    text: str
+    start: int
+    end: int  # exclusive
+
+
+@dataclass(frozen=True)
+class SynthesisContext:
+    """Everything a synthesis uses of the TTS service, and nothing more (`TTSService.synthesize` builds
+    it): the family's prompt and token mapping, the codec's decoder and the codec threads, the engine's
+    stream, the request's sampling parameters and the voice handling."""
+
+    sample_rate: int  # Hz of the codec's audio, so of every chunk
+    frame_rate: int  # codec codes per second
+    sentence_pause_s: float  # silence between segments
+    build_prompt: Callable[[str, VoicePrompt | None], SpeechPrompt]  # ValueError: nothing speakable
+    tokens_to_codes: Callable[[Sequence[int]], np.ndarray]
+    sampling_params: Callable[[SynthesisOptions, SpeechPrompt, int], SamplingParams]  # (.., segment index)
+    streaming_decoder: Callable[[], StreamingDecoder]
+    # (decoder, codes or None to flush, playback deadline) -> (final audio so far, codec seconds charged)
+    decode: Callable[[StreamingDecoder, np.ndarray | None, float], Awaitable[tuple[np.ndarray, float]]]
+    # (prompt ids, params, request id, continuing=) -> the engine's token deltas; closing it aborts
+    stream: Callable[..., AsyncIterator[TokenDelta]]
+    set_deadline: Callable[[str, float | None], None]  # (request id, when its listener runs dry)
+    encode_voice: Callable[[np.ndarray, int, str], VoicePrompt]  # blocking: clip, rate, transcript
+    pin_voice: Callable[[VoicePrompt], None]  # blocking: keep a non-preset voice's prefix cached
+
+
 @dataclass
 class ReferenceClip:
     """A voice to clone given as audio (e.g. a request's inline reference): the synthesis encodes it to
@@ -108,15 +142,18 @@ class ReferenceClip:
 class Synthesis:
     """An async iterator of float32 audio chunks for one request; `aclose()` aborts it."""
 
-    def __init__(self, service: TTSService, segments: list[str], voice: VoicePrompt | ReferenceClip | None,
-                 options: SynthesisOptions):
-        self._service = service
+    def __init__(self, context: SynthesisContext, segments: list[str] | TextFeed,
+                 voice: VoicePrompt | ReferenceClip | None, options: SynthesisOptions):
+        """segments: the input's, or a TextFeed whose segments are spoken as they become ready."""
+        self._ctx = context
         self._segments = segments
         self._voice = voice
         self._options = options
-        self.sample_rate = service.sample_rate  # Hz of every chunk
-        self.stats = SynthesisStats(sample_rate=service.sample_rate)
+        self.sample_rate = context.sample_rate  # Hz of every chunk
+        self.stats = SynthesisStats(sample_rate=context.sample_rate)
         self._admitted = False  # admission is decided once, at the first sentence; later ones continue
+        self.words: list[WordTiming] = []  # with options.word_timings: each word once its span is known
+        self._words_taken = 0
         self._gen = self._generate()
 
     def __aiter__(self) -> Synthesis:
@@ -130,54 +167,74 @@ class Synthesis:
         st.audio_samples += chunk.size
         return chunk
 
+    def take_words(self) -> list[WordTiming]:
+        """The words whose timing became known since the last call (they lead the audio: their tokens are
+        generated before the codec turns them into sound)."""
+        new = self.words[self._words_taken:]
+        self._words_taken = len(self.words)
+        return new
+
     async def aclose(self) -> None:
         """Stops generation; the engine request is aborted and its KV blocks freed."""
         await self._gen.aclose()
         if self.stats.finish_reason is None:
             self.stats.finish_reason = "abort"
 
-    async def _prompt(self, index: int) -> SpeechPrompt | None:
+    async def _prompt(self, segment: str) -> SpeechPrompt | None:
         """The segment's prompt, built off the event loop (the text front end takes milliseconds)."""
         try:
-            build = self._service.family.build_prompt
-            return await asyncio.to_thread(build, self._segments[index], self._voice)
+            return await asyncio.to_thread(self._ctx.build_prompt, segment, self._voice)
         except ValueError:  # e.g. a segment of only symbols: skip it, the rest still speaks
-            log.info("skipping unspeakable segment %r", self._segments[index])
+            log.info("skipping unspeakable segment %r", segment)
             return None
 
+    async def _segment_source(self) -> AsyncIterator[str]:
+        if isinstance(self._segments, list):
+            for segment in self._segments:
+                yield segment
+        else:
+            async for segment in self._segments.segments():
+                yield segment
+
     async def _generate(self) -> AsyncIterator[np.ndarray]:
-        svc = self._service
+        ctx = self._ctx
         if isinstance(clip := self._voice, ReferenceClip):  # a one-off clip: cached, not pinned
-            self._voice = await asyncio.to_thread(svc.encode_voice, clip.audio, clip.sample_rate,
+            self._voice = await asyncio.to_thread(ctx.encode_voice, clip.audio, clip.sample_rate,
                                                   clip.transcript)
         elif self._voice is not None:
-            await asyncio.to_thread(svc.pin_voice, self._voice)
-        pause = np.zeros(int(svc.config.sentence_pause_s * svc.sample_rate), np.float32)
-        fade = int(0.005 * svc.sample_rate)
-        spoken = 0
-        for index in range(len(self._segments)):
-            prompt = await self._prompt(index)
-            if prompt is None:
-                continue
-            if spoken and pause.size:
-                yield pause
-            # Only the sentence's latest `fade` samples are held back (to fade its end once it is known):
-            # holding back a whole chunk delayed the first audio until the codec's second block.
-            tail, started = np.zeros(0, np.float32), False
-            async with aclosing(self._sentence(index, prompt)) as chunks:
-                async for chunk in chunks:
-                    if spoken and not started:
-                        chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
-                    started = True
-                    joined = np.concatenate([tail, chunk])
-                    cut = max(0, joined.size - fade)
-                    if cut:
-                        yield joined[:cut]
-                    tail = joined[cut:]
-            if tail.size:
-                yield _fade_edges(tail, fade, fade_in=False, fade_out=index < len(self._segments) - 1)
-            spoken += 1
-            self.stats.sentences += 1
+            await asyncio.to_thread(ctx.pin_voice, self._voice)
+        pause = np.zeros(int(ctx.sentence_pause_s * ctx.sample_rate), np.float32)
+        fade = int(0.005 * ctx.sample_rate)
+        spoken, index = 0, 0
+        async with aclosing(self._segment_source()) as source:
+            segment = await anext(source, None)
+            while segment is not None:
+                prompt = await self._prompt(segment)
+                if prompt is None:
+                    segment, index = await anext(source, None), index + 1
+                    continue
+                if spoken and pause.size:
+                    yield pause
+                # Only the sentence's latest `fade` samples are held back (to fade its end once it is
+                # known): holding back a whole chunk delayed the first audio until the codec's second block.
+                tail, started = np.zeros(0, np.float32), False
+                offset = self.stats.audio_samples  # the segment's first sample: what went before is out
+                async with aclosing(self._sentence(index, prompt, offset)) as chunks:
+                    async for chunk in chunks:
+                        if spoken and not started:
+                            chunk = _fade_edges(chunk, fade, fade_in=True, fade_out=False)
+                        started = True
+                        joined = np.concatenate([tail, chunk])
+                        cut = max(0, joined.size - fade)
+                        if cut:
+                            yield joined[:cut]
+                        tail = joined[cut:]
+                # the end fades out when another segment follows (a feed's may still be being written)
+                segment, index = await anext(source, None), index + 1
+                if tail.size:
+                    yield _fade_edges(tail, fade, fade_in=False, fade_out=segment is not None)
+                spoken += 1
+                self.stats.sentences += 1
         if not spoken:
             raise NothingToSay("the input holds nothing this model can speak")
         self.stats.finished_s = time.perf_counter() - self.stats.started_at
@@ -185,23 +242,31 @@ class Synthesis:
     async def _decode(self, decoder: StreamingDecoder, codes: np.ndarray | None) -> np.ndarray:
         """Codes -> final audio on the service's codec threads (codes None flushes the decoder)."""
         try:
-            audio, took = await self._service.decoder.push(decoder, codes, self.stats.playback_deadline())
+            audio, took = await self._ctx.decode(decoder, codes, self.stats.playback_deadline())
         except Exception as exc:  # this stream's own (the pool isolates streams); the others go on
             raise SynthesisFailed(f"decoding its audio failed: {type(exc).__name__}: {exc}") from exc
         self.stats.decode_s += took
         return audio
 
-    async def _sentence(self, index: int, prompt: SpeechPrompt) -> AsyncIterator[np.ndarray]:
-        svc, opts, st = self._service, self._options, self.stats
-        params = svc.sampling_params(opts, prompt, index)
+    def _add_words(self, spans: list[WordSpan], offset: int) -> None:
+        """A segment's word spans (codec frames) -> timings in the synthesis's samples."""
+        per_frame = self.sample_rate / self._ctx.frame_rate
+        self.words += [WordTiming(w.text, offset + round(w.start_frame * per_frame),
+                                  offset + round(w.end_frame * per_frame)) for w in spans]
+
+    async def _sentence(self, index: int, prompt: SpeechPrompt, offset: int) -> AsyncIterator[np.ndarray]:
+        """One segment's audio; `offset`: its first sample in the synthesis (for its word timings)."""
+        ctx, opts, st = self._ctx, self._options, self.stats
+        aligner = prompt.word_aligner if opts.word_timings else None
+        params = ctx.sampling_params(opts, prompt, index)
         st.prompt_tokens += len(prompt.token_ids)
-        decoder = svc.codec.streaming_decoder()
+        decoder = ctx.streaming_decoder()
         held: list[np.ndarray] = []  # codes not yet given to the decoder (all of them when not streaming)
         finish_reason = None
         request_id = uuid.uuid4().hex
-        coded, voiced, frame_rate = 0, 0, svc.codec.frame_rate  # this sentence's codes and audio samples
+        coded, voiced, frame_rate = 0, 0, ctx.frame_rate  # this sentence's codes and audio samples
         with _engine_errors():
-            stream = svc.engine.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
+            stream = ctx.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
             try:
                 async for delta in stream:
                     self._admitted = True
@@ -211,7 +276,9 @@ class Synthesis:
                     st.steps += bool(delta.token_ids)  # one delta per engine step
                     st.drafted_tokens += delta.num_drafted
                     st.accepted_tokens += delta.num_accepted
-                    codes = svc.family.tokens_to_codes(delta.token_ids)
+                    if aligner is not None:
+                        self._add_words(aligner.push(delta.token_ids), offset)
+                    codes = ctx.tokens_to_codes(delta.token_ids)
                     if codes.size:
                         held.append(codes)
                         coded += codes.size
@@ -229,9 +296,11 @@ class Synthesis:
                             # plus codes generated that the codec has not turned into audio yet
                             # (audio-deadline scheduling)
                             undecoded_s = max(0.0, coded / frame_rate - voiced / self.sample_rate)
-                            svc.engine.set_deadline(request_id, st.playback_deadline() + undecoded_s)
+                            ctx.set_deadline(request_id, st.playback_deadline() + undecoded_s)
             finally:
                 await stream.aclose()  # aborts the engine request if it is still running
+        if aligner is not None:
+            self._add_words(aligner.finish(), offset)
         if held:
             audio = await self._decode(decoder, np.concatenate(held))
             if audio.size:

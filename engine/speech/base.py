@@ -59,11 +59,36 @@ class DecodeConstraint(ABC):
                                                                     strict=True)])
 
 
+@dataclass(frozen=True)
+class WordSpan:
+    """Where one word of a segment's text lies in its generated speech, in codec frames from the segment's
+    first frame."""
+
+    text: str  # the word as written, without the punctuation around it
+    start_frame: int
+    end_frame: int  # exclusive
+
+
+class WordAligner(ABC):
+    """Reads one segment's generated tokens back into word timings, as they arrive. Made by the family with
+    the segment's prompt (`SpeechPrompt.word_aligner`), from what the family knows of its own alignment;
+    families that do not know it make none, and nothing is guessed."""
+
+    @abstractmethod
+    def push(self, token_ids: Sequence[int]) -> list[WordSpan]:
+        """Tokens generated since the last call -> the words whose span they completed, in order."""
+
+    @abstractmethod
+    def finish(self) -> list[WordSpan]:
+        """The segment's speech ended: the words still open."""
+
+
 @dataclass
 class SpeechPrompt:
     token_ids: list[int]
     stop_token_ids: list[int]
     constraint: DecodeConstraint | None = None
+    word_aligner: WordAligner | None = None  # None: the family cannot say where the words lie
 
 
 class SpeechFamily(ABC):
@@ -73,6 +98,8 @@ class SpeechFamily(ABC):
     # True: `from_dir` gets the target checkpoint's directory (the family reads that checkpoint's own
     # tokenizer, as Llasa does); False: the bundle's root.
     tokenizer_in_target: bool = False
+    # True: its prompts carry a WordAligner (the family knows where each word of the text is spoken)
+    aligns_words: bool = False
     # Tokens every utterance generates before its first codec code (the demo family's first phoneme
     # marker): a max_tokens of this many or fewer makes no audio at all.
     tokens_before_audio: int = 0
@@ -105,7 +132,8 @@ class SpeechFamily(ABC):
         the rest (vLLM's allowed_token_ids); None: no fixed set."""
         return None
 
-    def split_text(self, text: str) -> list[str] | None:
-        """Long input -> the pieces to synthesise one after another; None: the service splits at
-        sentences."""
+    def split_sentence(self, sentence: str) -> list[str] | None:
+        """One sentence (the service finds them, `tts/text.py`) -> the pieces to synthesise one after
+        another, e.g. clauses of the length the model was trained on; None: the service cuts only
+        sentences longer than its `sentence_max_chars`."""
         return None

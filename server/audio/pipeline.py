@@ -34,6 +34,7 @@ class OutputPipeline:
         """out_rate: default the format's own (`output_rate`). num_samples: the exact output length when
         known in advance (only a whole-body WAV uses it). whole: bytes are only sent after `finish()`."""
         self.format = fmt
+        self.in_rate, self.speed = in_rate, speed
         self.out_rate = out_rate = out_rate or output_rate(fmt)
         self._tempo = TempoStream(in_rate, speed) if abs(speed - 1.0) > 1e-6 else None
         self._resampler = Resampler(in_rate, out_rate)
@@ -58,6 +59,10 @@ class OutputPipeline:
     @property
     def audio_seconds(self) -> float:
         return self.samples_out / self.out_rate
+
+    def position(self, sample: int) -> int:
+        """Where the model's audio sample `sample` lies in the output (its rate, after tempo)."""
+        return round(sample * self.out_rate / self.in_rate / self.speed)
 
 
 def encode_whole(fmt: str, audio: np.ndarray, in_rate: int, *, speed: float = 1.0,

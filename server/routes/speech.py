@@ -14,13 +14,14 @@ from fastapi.responses import Response
 from pcgtts.server.audio.formats import CONTENT_TYPES, LENGTH_IN_HEADER, content_type
 from pcgtts.server.audio.pipeline import OutputPipeline, encode_whole
 from pcgtts.server.drain import Drain, ServerShuttingDown, StreamCut, until_cut
-from pcgtts.server.errors import APIError
+from pcgtts.server.errors import APIError, bad_request
 from pcgtts.server.schemas import ErrorResponse, SpeechRequest, VoiceId
 from pcgtts.server.state import get_state
 from pcgtts.server.streaming import (
     AbortingStreamingResponse,
     ClientGone,
     SpeechRun,
+    WordClock,
     chunks_after,
     close_quietly,
     next_or_gone,
@@ -75,10 +76,14 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     voice_arg = {"id": body.voice.id} if isinstance(body.voice, VoiceId) else body.voice
     voice, _ = await resolver.resolve(voice_arg, body.ref_audio, body.ref_text)
     sse = body.stream_format == "sse"
+    if body.word_timings and not sse:
+        raise bad_request("word_timings need stream_format 'sse' (the timings travel as its events).",
+                          param="word_timings")
     streamed = wants_stream(body, request)
     run = SpeechRun(state.metrics, body.response_format, "sse" if sse else "audio" if streamed else "full",
                     received)
-    synth = open_synthesis(service, body.input, voice, synthesis_options(body, streaming=streamed))
+    synth = open_synthesis(service, body.input, voice,
+                           synthesis_options(body, streaming=streamed, word_timings=body.word_timings))
     try:
         first = await next_or_gone(synth, request, state.drain.cut)  # errors (429, ...) get a status
     except ClientGone:
@@ -95,7 +100,8 @@ async def create_speech(body: SpeechRequest, request: Request) -> Response:
     pipeline = OutputPipeline(body.response_format, synth.sample_rate, speed=body.speed)
     headers = {**_STREAM_HEADERS, "x-request-id": request_id}
     if sse:
-        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run, state.drain),
+        words = WordClock(synth, pipeline) if body.word_timings else None
+        return AbortingStreamingResponse(_sse_body(synth, first, pipeline, run, state.drain, words),
                                          media_type="text/event-stream", headers=headers)
     client = f"{request.client.host}:{request.client.port}" if request.client else "?"
     about = f"request {request_id} (POST /v1/audio/speech, {body.response_format}, from {client})"
@@ -140,12 +146,19 @@ async def _audio_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, dr
         run.finish(synth, status, pipeline.audio_seconds)
 
 
-async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain):
+async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drain: Drain,
+                    words: WordClock | None):
+    """speech.audio.delta events; with word timings asked for, a speech.audio.alignment after a delta
+    whose audio reached the start of new words (the rest before speech.audio.done)."""
     status = "aborted"
     try:
         async with aclosing(_encoded_audio(synth, first, pipeline, run, drain)) as encoded:
             async for data in encoded:
                 yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                if words is not None and (due := words.due()):
+                    yield _alignment_event(due, pipeline)
+        if words is not None and (due := words.due(final=True)):
+            yield _alignment_event(due, pipeline)
         yield sse_event({"type": "speech.audio.done", "usage": usage_of(synth)})
         status = "ok"
     except Exception as exc:  # headers are gone: report in-band, like vLLM-Omni's terminal error event
@@ -154,6 +167,10 @@ async def _sse_body(synth, first, pipeline: OutputPipeline, run: SpeechRun, drai
     finally:
         await close_quietly(synth)
         run.finish(synth, status, pipeline.audio_seconds)
+
+
+def _alignment_event(words: list[dict], pipeline: OutputPipeline) -> bytes:
+    return sse_event({"type": "speech.audio.alignment", "sample_rate": pipeline.out_rate, "words": words})
 
 
 async def _whole(body: SpeechRequest, request: Request, synth, first, run: SpeechRun,

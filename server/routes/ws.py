@@ -20,9 +20,11 @@ from pcgtts.server.security import chosen_subprotocol, origin_allowed, websocket
 from pcgtts.server.state import AppState, get_ws_state
 from pcgtts.server.streaming import (
     SpeechRun,
+    WordClock,
     close_quietly,
     open_synthesis,
     outcome_status,
+    service_error,
     stream_error,
     synthesis_options,
     usage_of,
@@ -30,6 +32,7 @@ from pcgtts.server.streaming import (
 from pcgtts.server.ws_protocol import (
     EMPTY_INPUT_DONE,
     MAX_QUEUED,
+    AudioAlignment,
     AudioDone,
     AudioProgress,
     AudioStart,
@@ -42,6 +45,7 @@ from pcgtts.server.ws_protocol import (
     event_json,
     protocol_markdown,
 )
+from pcgtts.tts import NothingToSay, TextFeed
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 from starlette.websockets import WebSocketDisconnect
 
@@ -57,8 +61,9 @@ _DRAIN = object()  # queue marker: the server is draining; close after what is q
 
 
 class SessionConfig(SamplingFields):
-    """Applies to utterances started after it: the speech request's fields, with `sample_rate` (8000-48000,
-    default 24000) for the binary frames."""
+    """Applies to utterances started after it (an utterance starts at its input.done, or in sentence mode at
+    its first input.text): the speech request's fields, with `sample_rate` (8000-48000, default 24000) for
+    the binary frames, and how text is flushed."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["session.config"] = "session.config"
@@ -67,8 +72,26 @@ class SessionConfig(SamplingFields):
     response_format: Literal["pcm"] = "pcm"
     speed: float = Field(1.0, ge=0.25, le=4.0, strict=True)
     sample_rate: int = Field(OUTPUT_SAMPLE_RATE, ge=8000, le=48000, strict=True)
-    _whole_rate = field_validator("sample_rate", mode="before")(integral)
+    _whole_numbers = field_validator("sample_rate", "flush_max_chars", "flush_max_ms",
+                                     mode="before")(integral)
     instructions: str | None = None
+    flush: Literal["manual", "sentence"] = Field(
+        "manual", description='"manual": input.done speaks the pending text; "sentence": each sentence is '
+                              "spoken as soon as it is complete (the next word has begun), while the text "
+                              "still arrives, all of them one utterance (one audio.start ... audio.done, "
+                              "the audio continuing across sentences); input.done speaks the rest. "
+                              "Sentences end where the HTTP route's splitter ends them (not at "
+                              'abbreviations, initials or decimal points)')
+    flush_max_chars: int | None = Field(
+        200, ge=1, le=MAX_INPUT_CHARS, strict=True,
+        description="sentence mode: pending text longer than this is spoken without waiting for its "
+                    "sentence's end, up to its last comma or complete word; null: no bound")
+    flush_max_ms: int | None = Field(
+        None, ge=1, le=60_000, strict=True,
+        description="sentence mode: text pending this long (from its oldest character) is spoken the same "
+                    "way; null (default): no bound")
+    word_timings: bool = Field(False, strict=True,
+                               description="true: audio.alignment events say when each word is heard")
 
 
 PROTOCOL = protocol_markdown(SessionConfig, HANDSHAKE)  # /docs shows it; the README holds the same text
@@ -79,8 +102,10 @@ class Session:
         self.ws = ws
         self.state = state
         self.config = SessionConfig()
-        self.pending: list[str] = []
-        self.queue: asyncio.Queue[tuple[int, str, SessionConfig] | None] = asyncio.Queue()
+        self.pending: list[str] = []  # manual mode: the text of the next utterance
+        self.feed: TextFeed | None = None  # sentence mode: the utterance whose text is still arriving
+        self._feed_config, self._feed_queued = self.config, False  # its settings; queued yet?
+        self.queue: asyncio.Queue[tuple[int, str | TextFeed, SessionConfig] | None] = asyncio.Queue()
         self.current: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
         self._next_id = 1
@@ -122,6 +147,8 @@ class Session:
             return
         finally:
             unregister()
+            if self.feed is not None:
+                self.feed.cancel()
             # Disconnect: abort the running utterance now (frees its KV), then stop the worker.
             if self.current is not None:
                 self.current.cancel()
@@ -146,37 +173,82 @@ class Session:
             piece = message.get("text")
             if not isinstance(piece, str):
                 await self.send_error(APIError(400, "input.text needs a string 'text'.", param="text"))
+            elif self.feed is not None or (not self.pending and self.config.flush == "sentence"):
+                await self._feed_text(piece)
             elif sum(map(len, self.pending)) + len(piece) > MAX_INPUT_CHARS:
-                limit = f"An utterance holds at most {MAX_INPUT_CHARS} characters."
-                await self.send_error(APIError(400, limit,
-                                               param="text", code="string_above_max_length"))
+                await self.send_error(_too_long())
             else:
                 self.pending.append(piece)
         elif kind == "input.done":
+            if self.feed is not None:
+                feed, self.feed = self.feed, None
+                feed.close()  # the rest is spoken
+                if not self._feed_queued:  # only whitespace arrived
+                    await self.send_error(APIError(400, EMPTY_INPUT_DONE, code="empty_input"))
+                return False
             text, self.pending = "".join(self.pending), []
             if not text.strip():
                 await self.send_error(APIError(400, EMPTY_INPUT_DONE, code="empty_input"))
-            elif self.state.drain.draining:
-                await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
-                                               code="server_shutting_down"))
-            elif self.queue.qsize() >= MAX_QUEUED:
-                limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
-                await self.send_error(APIError(429, limit, code="too_many_utterances"))
-            else:
+            elif not await self._refused():
                 await self.queue.put((self._next_id, text, self.config))
                 self._next_id += 1
         elif kind == "input.cancel":
             while not self.queue.empty():
-                self.queue.get_nowait()
+                if isinstance(item := self.queue.get_nowait(), tuple) and isinstance(item[1], TextFeed):
+                    item[1].cancel()
+            if self.feed is not None:  # its sentences not yet spoken go too
+                self.feed.cancel()
+                self.feed = None
             if self.current is not None:
                 self.current.cancel()
         elif kind == "session.close":
+            if self.feed is not None:  # the text that arrived is spoken to its end
+                self.feed.close()
+                self.feed = None
             return True
         else:
             await self.send_error(APIError(400, "Unknown message type; expected session.config, input.text, "
                                                 "input.done, input.cancel or session.close.",
                                            param="type", code="invalid_message"))
         return False
+
+    async def _refused(self) -> bool:
+        """Whether a new utterance must be refused (the server drains, or too many wait): says why."""
+        if self.state.drain.draining:
+            await self.send_error(APIError(503, "The server is shutting down; no new utterances.",
+                                           code="server_shutting_down"))
+            return True
+        if self.queue.qsize() >= MAX_QUEUED:
+            limit = f"At most {MAX_QUEUED} utterances may wait per connection; wait for an audio.done."
+            await self.send_error(APIError(429, limit, code="too_many_utterances"))
+            return True
+        return False
+
+    async def _feed_text(self, piece: str) -> None:
+        """Sentence mode: text for the utterance still arriving. Its first words queue it (with the
+        session's settings now); each sentence is spoken once complete."""
+        if self.feed is None:
+            try:
+                service, _ = self.state.require_ready()
+            except APIError as err:
+                await self.send_error(err)
+                return
+            config = self.config
+            max_s = None if config.flush_max_ms is None else config.flush_max_ms / 1000
+            self.feed = service.text_feed(config.flush_max_chars, max_s)
+            self._feed_config, self._feed_queued = config, False
+        if self.feed.received_chars + len(piece) > MAX_INPUT_CHARS:
+            await self.send_error(_too_long())
+            return
+        if not self._feed_queued and piece.strip():
+            if await self._refused():
+                self.feed.cancel()
+                self.feed = None
+                return
+            await self.queue.put((self._next_id, self.feed, self._feed_config))
+            self._next_id += 1
+            self._feed_queued = True
+        self.feed.push(piece)
 
     async def _work(self) -> None:
         while (item := await self.queue.get()) is not None:
@@ -198,20 +270,35 @@ class Session:
             if cancelled:
                 await self.send_event(done.model_copy(update={"cancelled": True, "finish_reason": "abort"}))
 
+    async def _send_words(self, uid: int, words: WordClock | None, final: bool = False) -> None:
+        if words is not None and (due := words.due(final)):
+            await self.send_event(AudioAlignment(utterance_id=uid, words=due))
+
     async def _close_for_drain(self) -> None:
         """Everything queued before the drain has been spoken (or cut at its deadline): say so and close."""
         with contextlib.suppress(Exception):
             await self.send_event(SessionDone(reason=SHUTDOWN_REASON))
             await self.ws.close(code=1001, reason="server shutting down")
 
-    async def _speak(self, uid: int, text: str, config: SessionConfig, done: AudioDone) -> None:
+    async def _speak(self, uid: int, text: str | TextFeed, config: SessionConfig, done: AudioDone) -> None:
         state = self.state
-        received = time.perf_counter()
+        if isinstance(text, TextFeed):
+            started = await _unless_cut(text.started(), state.drain.cut)
+            if started is None:  # the drain deadline passed while the utterance waited for its first words
+                done.finish_reason, done.cancelled, done.reason = "abort", True, SHUTDOWN_REASON
+                await self.send_event(done)
+                return
+            if not started:  # closed before a word was speakable
+                await self.send_error(service_error(NothingToSay("the input holds nothing this model can "
+                                                                 "speak")), uid)
+                return
+        received = time.perf_counter()  # sentence mode: when its first sentence was complete
         try:
             service, resolver = state.require_ready()
             voice_arg = {"id": config.voice.id} if isinstance(config.voice, VoiceId) else config.voice
             voice, _ = await resolver.resolve(voice_arg, config.ref_audio, config.ref_text)
-            synth = open_synthesis(service, text, voice, synthesis_options(config))
+            options = synthesis_options(config, word_timings=config.word_timings)
+            synth = open_synthesis(service, text, voice, options)
         except APIError as err:
             await self.send_error(err, uid)
             return
@@ -219,6 +306,7 @@ class Session:
         pipeline = OutputPipeline("pcm", synth.sample_rate, speed=config.speed, out_rate=config.sample_rate)
         status, total, reason = "aborted", 0, None
         trace = _Trace()
+        words = WordClock(synth, pipeline) if config.word_timings else None
         await self.send_event(AudioStart(utterance_id=uid, sample_rate=config.sample_rate))
         try:
             async for chunk in until_cut(synth, state.drain):
@@ -229,10 +317,12 @@ class Session:
                     total += len(data)
                     run.sent_audio(pipeline.audio_seconds - before)
                     _update_done(done, synth, total, pipeline, run)
+                    await self._send_words(uid, words)
                     await self.send_event(AudioProgress(**_totals(done), chunk=trace.chunk(synth.stats)))
             if data := pipeline.finish():
                 await self.send_bytes(data)
                 total += len(data)
+            await self._send_words(uid, words, final=True)
             status = "ok"
         except ServerShuttingDown:
             status, reason = "aborted", SHUTDOWN_REASON
@@ -247,6 +337,23 @@ class Session:
         done.finish_reason = {"ok": synth.stats.finish_reason, "error": "error"}.get(status, "abort")
         done.cancelled, done.reason = reason is not None, reason
         await self.send_event(done)
+
+
+async def _unless_cut(waiting, cut: asyncio.Event):
+    """The awaitable's result, or None if `cut` is set first (then it is cancelled)."""
+    task, deadline = asyncio.ensure_future(waiting), asyncio.ensure_future(cut.wait())
+    try:
+        await asyncio.wait({task, deadline}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        deadline.cancel()
+        if not task.done():
+            task.cancel()
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+def _too_long() -> APIError:
+    return APIError(400, f"An utterance holds at most {MAX_INPUT_CHARS} characters.", param="text",
+                    code="string_above_max_length")
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:

@@ -9,6 +9,7 @@ const stats = window.playground = {
   acceptanceRate: null, tokens: 0, underruns: 0, utterancesDone: 0, sampleRate: null, errors: [],
   trace: [], meanAcceptedLen: null,  // per-chunk acceptance (audio.progress `chunk`) of the current utterance
   maxGamma: null, modelCard: null,  // from GET /v1/models
+  words: [],  // audio.alignment's words of the current utterance: {text, start, end} in samples
   // Seconds of the current utterance the audio clock has already played (reads the AudioContext).
   get playedSeconds() { return player ? player.playedSeconds() : 0; },
   get contextState() { return player ? player.ctx.state : "none"; },
@@ -144,6 +145,16 @@ class PcmPlayer {
     this.next = 0;
     this.first = null;  // context time at which the current utterance starts playing
     this.sources = new Set();
+    this.chunks = [];  // {sample, time, length}: where each chunk of the utterance sits on the clock
+  }
+
+  // The utterance's sample playing at context time `time` (-1 before its first; a gap holds the last).
+  sampleAt(time) {
+    for (let i = this.chunks.length - 1; i >= 0; i--) {
+      const chunk = this.chunks[i];
+      if (chunk.time <= time) return chunk.sample + Math.min(chunk.length, Math.floor((time - chunk.time) * this.rate));
+    }
+    return -1;
   }
 
   playedSeconds() {
@@ -167,6 +178,7 @@ class PcmPlayer {
     if (this.next === 0) this.next = this.first = now + 0.05;  // a small jitter buffer before the first chunk
     else if (this.next < now) { stats.underruns += 1; this.next = now + 0.02; }
     source.start(this.next);
+    this.chunks.push({ sample: stats.scheduledSamples, time: this.next, length: pcm.length });
     this.next += audio.duration;
     this.sources.add(source);
     source.onended = () => this.sources.delete(source);
@@ -178,8 +190,46 @@ class PcmPlayer {
     this.sources.clear();
     this.next = 0;
     this.first = null;
+    this.chunks = [];
   }
 }
+
+// ----------------------------------------------------------------------------------------------- words
+// audio.alignment says where each word lies in the stream's samples and the player knows when each sample
+// plays, so the word under the audio clock is highlighted while it is heard.
+const shownWords = { spans: [], current: -1 };
+
+function resetWords() {
+  stats.words = [];
+  shownWords.spans = [];
+  shownWords.current = -1;
+  $("words").replaceChildren();
+}
+
+function addWords(words) {
+  for (const word of words) {
+    const span = document.createElement("span");
+    span.className = "word";
+    span.textContent = word.text;
+    $("words").append(span, " ");
+    stats.words.push(word);
+    shownWords.spans.push(span);
+  }
+}
+
+function highlightWords() {
+  const heard = player ? player.sampleAt(player.ctx.currentTime) : -1;
+  let now = -1;
+  stats.words.forEach((word, i) => { if (word.start <= heard && heard < word.end) now = i; });
+  if (now !== shownWords.current) {
+    const before = shownWords.spans[shownWords.current];
+    if (before) before.classList.replace("heard", "said");
+    if (now >= 0) shownWords.spans[now].classList.add("heard");
+    shownWords.current = now;
+  }
+  requestAnimationFrame(highlightWords);
+}
+requestAnimationFrame(highlightWords);
 
 // ------------------------------------------------------------------------------------------- streaming
 let player = null;
@@ -238,6 +288,7 @@ function onMessage(event) {
     stats.meanAcceptedLen = message.mean_accepted_len ?? stats.meanAcceptedLen;
     $("mean-accepted-len").textContent = stats.meanAcceptedLen == null ? "–" : stats.meanAcceptedLen.toFixed(2);
   }
+  if (message.type === "audio.alignment") addWords(message.words);
   if (message.type === "audio.progress") {
     stats.trace.push(message.chunk);
     drawTrace($("trace"), stats.trace, stats.maxGamma);
@@ -257,7 +308,7 @@ function onMessage(event) {
 
 function sessionConfig() {
   const config = { type: "session.config", sample_rate: player ? player.rate : 24000,
-                   speed: Number($("speed").value) || 1 };
+                   speed: Number($("speed").value) || 1, word_timings: true };
   const option = $("voice").selectedOptions[0];
   if (option) config.voice = option.dataset.kind === "uploaded" ? { id: option.value } : option.value;
   if ($("temperature").value !== "") config.temperature = Number($("temperature").value);
@@ -277,6 +328,7 @@ $("speak").addEventListener("click", async () => {
   Object.assign(stats, { receivedSamples: 0, scheduledSamples: 0, audioSeconds: 0, ttfaMs: null, underruns: 0,
                          acceptanceRate: null, tokens: 0, trace: [], meanAcceptedLen: null });
   drawTrace($("trace"), [], stats.maxGamma);
+  resetWords();
   $("ttfa").textContent = "…";
   $("speak").disabled = true;
   $("stop").disabled = false;

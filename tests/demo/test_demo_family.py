@@ -118,11 +118,13 @@ def test_family_builds_prompts_with_default_voice_and_maps_tokens():
     assert family.tokens_to_codes([toks[0], 16, toks[1], END, toks[2]]).tolist() == [4, 0, 63]
 
 
-def test_split_text_keeps_every_word_in_clause_sized_chunks():
-    text = "One two three. " + " ".join(f"w{i}" for i in range(40)) + ", end here!"
-    chunks = DemoPhonemeFamily.split_text(text)
-    assert " ".join(chunks).split() == text.split()
+def test_split_sentence_keeps_every_word_in_clause_sized_chunks():
+    sentence = " ".join(f"w{i}" for i in range(40)) + ", end here; and there: done!"
+    chunks = DemoPhonemeFamily.split_sentence(sentence)
+    assert " ".join(chunks).split() == sentence.split()
     assert all(len(c.split()) <= 16 for c in chunks)
+    assert chunks[-4:] == ["w32 w33 w34 w35 w36 w37 w38 w39,", "end here;", "and there:", "done!"]
+    assert DemoPhonemeFamily.split_sentence("-- ...") == []  # nothing to say
 
 
 def test_a_phoneme_at_its_cap_ends_and_the_last_one_ends_speech():

@@ -232,3 +232,74 @@ def test_the_page_has_an_icon_and_asks_for_nothing_missing(browser, live_server)
     assert icon == {"href": "/favicon.ico", "status": 200, "type": "image/x-icon", "head": [0, 0, 1, 0]}
     assert missing == [] and page.errors == []
     page.close()
+
+
+RECORD_AUDIO_CLOCK = """(() => {
+  // The page's audio as the audio clock plays it, recorded beside the page's own code: every buffer source
+  // started, with its context time and length.
+  window.__clock = { contexts: [], starts: [] };
+  const Native = window.AudioContext;
+  window.AudioContext = class extends Native {
+    constructor(...args) { super(...args); window.__clock.contexts.push(this); }
+  };
+  const start = AudioBufferSourceNode.prototype.start;
+  AudioBufferSourceNode.prototype.start = function (when, ...rest) {
+    window.__clock.starts.push({ when, length: this.buffer.length, rate: this.buffer.sampleRate });
+    return start.call(this, when, ...rest);
+  };
+})();"""
+
+WATCH_HIGHLIGHTS = """() => {
+  // Each time a word is highlighted: which one, and the audio clock's time then.
+  window.__heard = [];
+  const box = document.getElementById("words");
+  new MutationObserver(records => {
+    for (const r of records) {
+      if (!r.target.classList.contains("heard")) continue;
+      const ctx = window.__clock.contexts[window.__clock.contexts.length - 1];
+      window.__heard.push({ index: [...box.children].indexOf(r.target), time: ctx.currentTime });
+    }
+  }).observe(box, { subtree: true, attributes: true, attributeFilter: ["class"] });
+}"""
+
+
+def clock_time(starts: list[dict], sample: int) -> float:
+    """The context time at which the stream's `sample` plays, from the buffer sources started."""
+    offset = 0
+    for chunk in starts:
+        if sample < offset + chunk["length"]:
+            return chunk["when"] + (sample - offset) / chunk["rate"]
+        offset += chunk["length"]
+    return starts[-1]["when"] + (sample - offset + starts[-1]["length"]) / starts[-1]["rate"]
+
+
+def test_page_highlights_each_word_while_it_is_heard(browser, live_server):
+    """Every word of the text lights up once, in order, while the audio clock plays that word's samples
+    (checked against the sources the page really started, recorded beside it); a late frame on a busy
+    machine may light it up to 0.3 s after the word's end, never before its start."""
+    page = new_page(browser, live_server)
+    page.add_init_script(RECORD_AUDIO_CLOCK)
+    page.goto(live_server.url + "/")
+    page.wait_for_function("window.playground && window.playground.status === 'ready'", timeout=30_000)
+    page.evaluate(WATCH_HIGHLIGHTS)
+    text = "Seven jugglers wandered past the quiet harbour at dawn, humming softly."
+    page.fill("#seed", "3")
+    stats = speak_and_wait(page, text)
+    assert stats["status"] == "done", stats
+    words = stats["words"]
+    assert [w["text"] for w in words] == text.replace(",", "").replace(".", "").split()
+    page.wait_for_function("window.__heard.length >= window.playground.words.length && "
+                           "window.playground.playedSeconds >= window.playground.audioSeconds - 0.01",
+                           timeout=60_000)
+    heard, starts = page.evaluate("window.__heard"), page.evaluate("window.__clock.starts")
+    assert sum(c["length"] for c in starts) == stats["receivedSamples"]  # every sample was scheduled
+    assert [h["index"] for h in heard] == list(range(len(words)))  # each word, once, in order
+    for h in heard:
+        word = words[h["index"]]
+        begins, ends = clock_time(starts, word["start"]), clock_time(starts, word["end"])
+        assert begins - 0.005 <= h["time"] <= ends + 0.3, (word, h, begins, ends)
+    assert page.locator("#words .word.said").count() >= len(words) - 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "playground-words.png"), full_page=True)
+    assert page.errors == [] and page.offsite == []
+    page.close()

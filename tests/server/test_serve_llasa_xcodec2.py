@@ -9,6 +9,7 @@ import io
 import json
 import struct
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -75,6 +76,14 @@ def test_serve_llasa_with_xcodec2_to_the_openai_client(llasa_setup, tmp_path):
         assert codes[0].min() >= 0 and codes[0].max() < 65536 and len(set(codes[0].tolist())) > 5
         rate, samples, _ = streamed_wav(client, "ref")
         assert rate == OUTPUT_SAMPLE_RATE and samples.size > 0 and np.abs(samples).max() > 0
+        # Llasa cannot say where its words are: /v1/models says so and asking for timings gets none
+        assert httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["pcgtts"]["word_timings"] is False
+        body = {"model": "tts-1", "voice": "ref", "input": "hello world", "response_format": "pcm",
+                "stream_format": "sse", "word_timings": True}
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=300) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        kinds = [json.loads(line[6:])["type"] for line in lines]
+        assert kinds[-1] == "speech.audio.done" and set(kinds) == {"speech.audio.delta", "speech.audio.done"}
 
 
 def test_decode_only_server_speaks_presets_and_refuses_uploads(llasa_setup, tmp_path):

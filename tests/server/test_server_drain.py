@@ -185,3 +185,56 @@ def test_streams_past_the_drain_deadline_end_with_a_word_and_exit_is_zero(demo_b
     assert len(done) == 1 and done[0]["cancelled"] is True and done[0]["reason"] == "server_shutdown"
     assert ws_out[-1] == {"closed": 1001}
     assert "drained in" in server.log.read_text()
+
+
+def ws_waiting_for_text(url: str, pieces: list[str], wait_for_audio: bool, ready: threading.Event,
+                        out: list) -> None:
+    """A sentence-mode utterance whose text stops arriving mid-sentence (the agent's LLM stalled). `ready`:
+    the server has read the text (a bad message sent after it has been answered) and, if asked, audio came."""
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", additional_headers=AUTH) as ws:
+        ws.recv(timeout=30)
+        ws.send(json.dumps({"type": "session.config", "flush": "sentence", "flush_max_chars": None}))
+        for piece in pieces:
+            ws.send(json.dumps({"type": "input.text", "text": piece}))
+        ws.send(json.dumps({"type": "nonsense"}))  # answered in order: the text before it has been read
+        read, heard = False, not wait_for_audio
+        try:
+            while True:
+                message = ws.recv(timeout=300)
+                if isinstance(message, bytes):
+                    heard = True
+                else:
+                    out.append(json.loads(message))
+                    read = read or out[-1]["type"] == "error"
+                if read and heard:
+                    ready.set()
+        except Exception as exc:
+            out.append({"closed": getattr(getattr(exc, "rcvd", None), "code", None)})
+
+
+@pytest.mark.slow
+def test_sentence_mode_utterances_waiting_for_text_are_cut_at_the_drain_deadline(demo_bundle, tmp_path):
+    """One utterance has spoken its first sentence and waits for the rest, another waits for its first
+    sentence to end: past the deadline both end cancelled with the shutdown reason; the process exits 0."""
+    server = ServeProcess(demo_bundle, tmp_path, drain_timeout=1.0)
+    try:
+        spoken, started = [], threading.Event()
+        waiting, queued = [], threading.Event()
+        clients = [threading.Thread(target=ws_waiting_for_text, daemon=True, args=(
+                       server.url, ["Hello there. And then the", " rest never"], True, started, spoken)),
+                   threading.Thread(target=ws_waiting_for_text, daemon=True, args=(
+                       server.url, ["Still waiting for the end of"], False, queued, waiting))]
+        for client in clients:
+            client.start()
+        assert started.wait(120) and queued.wait(120), server.log.read_text()
+        server.process.send_signal(signal.SIGTERM)
+        for client in clients:
+            client.join(120)
+        assert server.process.wait(120) == 0, server.log.read_text()
+    finally:
+        server.close()
+    for out in (spoken, waiting):
+        done = [m for m in out if m.get("type") == "audio.done"]
+        assert len(done) == 1 and done[0]["cancelled"] is True and done[0]["reason"] == "server_shutdown", out
+        assert {"type": "session.done", "reason": "server_shutdown"} in out and out[-1] == {"closed": 1001}
+    assert [m for m in spoken if m.get("type") == "audio.done"][0]["total_bytes"] > 0

@@ -9,6 +9,7 @@ not thread-safe, so every call goes through one process-wide lock.
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 from dataclasses import dataclass
 
@@ -73,6 +74,9 @@ class Utterance:
     audio: np.ndarray  # float32 [samples] at ESPEAK_RATE
     phonemes: list[str]  # espeak phoneme mnemonics, in order
     starts: np.ndarray  # int [len(phonemes)] start sample of each phoneme at ESPEAK_RATE
+    # int [len(phonemes)] where in the text each phoneme comes from: the 1-based character position of
+    # its word (of the punctuation or space for a pause)
+    positions: np.ndarray | None = None
 
 
 class _Espeak:
@@ -96,7 +100,7 @@ class _Espeak:
         self.lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
                                           ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
         self._chunks: list[np.ndarray] = []
-        self._events: list[tuple[str, int]] = []
+        self._events: list[tuple[str, int, int]] = []
         self._callback = _CALLBACK(self._on_audio)  # kept referenced for the library's lifetime
         self.lib.espeak_SetSynthCallback(self._callback)
         self.lock = threading.Lock()
@@ -108,7 +112,9 @@ class _Espeak:
         i = 0
         while events[i].type != _EVENT_LIST_TERMINATED:
             if events[i].type == _EVENT_PHONEME:
-                self._events.append((events[i].id.string.decode("utf-8", "replace"), events[i].sample))
+                event = events[i]
+                self._events.append((event.id.string.decode("utf-8", "replace"), event.sample,
+                                     event.text_position))
             i += 1
         return 0
 
@@ -133,9 +139,10 @@ class _Espeak:
             pcm = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
             events = self._events
         audio = pcm.astype(np.float32) / 32768.0
-        phonemes = [p for p, _ in events]
-        starts = np.array([s for _, s in events], dtype=np.int64)
-        return Utterance(audio=audio, phonemes=phonemes, starts=starts)
+        phonemes = [p for p, _, _ in events]
+        starts = np.array([s for _, s, _ in events], dtype=np.int64)
+        positions = np.array([t for _, _, t in events], dtype=np.int64)
+        return Utterance(audio=audio, phonemes=phonemes, starts=starts, positions=positions)
 
 
 _instance: _Espeak | None = None
@@ -158,3 +165,17 @@ def synthesize(text: str, voice: Voice = Voice()) -> Utterance:
 def phonemize(text: str) -> list[str]:
     """The front end's phoneme sequence for `text` (the phoneme events of the front-end voice)."""
     return synthesize(text, Voice()).phonemes
+
+
+def phonemize_words(text: str) -> tuple[list[str], list[int | None], list[str]]:
+    """`phonemize(text)` with the word each phoneme speaks: (phonemes, word index of each, or None for a
+    pause, the words: `text`'s whitespace-separated tokens, in order). A phoneme belongs to the token
+    holding its event's text position (a number read as several words belongs to its one token)."""
+    utterance = synthesize(text, Voice())
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    token_at = {}
+    for index, (start, end) in enumerate(spans):
+        token_at.update(dict.fromkeys(range(start, end), index))
+    words_of = [None if p.startswith("_") else token_at.get(int(pos) - 1)
+                for p, pos in zip(utterance.phonemes, utterance.positions, strict=True)]
+    return utterance.phonemes, words_of, [text[a:b] for a, b in spans]

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from pcgtts.engine.speech.base import SpeechFamily, SpeechPrompt, VoicePrompt
+from pcgtts.engine.speech.demo.alignment import MarkerAligner
 from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
 from pcgtts.engine.speech.demo.durations import DurationModel
-from pcgtts.engine.speech.demo.espeak import phonemize
+from pcgtts.engine.speech.demo.espeak import phonemize, phonemize_words
 from pcgtts.engine.speech.demo.layout import END, DemoVocab, prompt_tokens
 
 FAMILY_FILE = "family.json"
@@ -31,6 +32,7 @@ MAX_WORDS_PER_CHUNK = 16  # the model was trained on clauses of 4-14 words
 
 class DemoPhonemeFamily(SpeechFamily):
     name = "demo-phoneme"
+    aligns_words = True  # its markers say where each phoneme, so each word, is spoken
     tokens_before_audio = 1  # the constraint forces the first phoneme's marker first
 
     def __init__(self, vocab: DemoVocab, voices: dict[str, VoicePrompt] | None = None,
@@ -79,12 +81,16 @@ class DemoPhonemeFamily(SpeechFamily):
         """voice None -> the bundle's default preset voice (or no reference if it has none)."""
         if voice is None and self.default_voice is not None:
             voice = self.voices[self.default_voice]
-        phonemes = self.phoneme_ids(text)
+        mnemonics, word_of, words = phonemize_words(text)
+        known = set(self.vocab.phonemes)
+        kept = [(p, w) for p, w in zip(mnemonics, word_of, strict=True) if p in known]
+        phonemes = self.vocab.phoneme_ids([p for p, _ in kept])
         if not phonemes:
             raise ValueError(f"no speakable phonemes in {text!r}")
         ids = prompt_tokens(self.vocab, None if voice is None else voice.codes, phonemes)
         return SpeechPrompt(token_ids=ids, stop_token_ids=self.stop_token_ids,
-                            constraint=self.constraint(phonemes, voice))
+                            constraint=self.constraint(phonemes, voice),
+                            word_aligner=MarkerAligner(self.vocab, words, [w for _, w in kept]))
 
     def tokens_to_codes(self, token_ids: Sequence[int]) -> np.ndarray:
         return self.vocab.codes_of(token_ids)
@@ -97,18 +103,20 @@ class DemoPhonemeFamily(SpeechFamily):
         return {name: self.voices[name] for name in names}
 
     @staticmethod
-    def split_text(text: str) -> list[str]:
-        """Long input -> clause-sized chunks to synthesise one after another (sentence, then comma cuts)."""
+    def split_sentence(sentence: str) -> list[str]:
+        """One sentence -> clause-sized chunks to synthesise one after another: at most
+        MAX_WORDS_PER_CHUNK words, cut after a comma once the chunk has 6 words, and after a semicolon or
+        colon. Chunks without a letter or digit are dropped."""
         chunks: list[str] = []
-        for sentence in re.split(r"(?<=[.?!;:])\s+", " ".join(text.split())):
-            words: list[str] = []
-            for word in sentence.split():
-                words.append(word)
-                if len(words) >= MAX_WORDS_PER_CHUNK or (word.endswith(",") and len(words) >= 6):
-                    chunks.append(" ".join(words))
-                    words = []
-            if words:
+        words: list[str] = []
+        for word in sentence.split():
+            words.append(word)
+            if (len(words) >= MAX_WORDS_PER_CHUNK or word.endswith((";", ":"))
+                    or (word.endswith(",") and len(words) >= 6)):
                 chunks.append(" ".join(words))
+                words = []
+        if words:
+            chunks.append(" ".join(words))
         return [c for c in chunks if re.search(r"[A-Za-z0-9]", c)]
 
 
