@@ -37,6 +37,7 @@ from pcgtts.engine.codec.base import Codec
 from pcgtts.engine.config import EngineConfig
 from pcgtts.engine.metrics import EngineMetrics
 from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
+from pcgtts.engine.streaming import StreamingEngine
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from pcgtts.tts.decode_pool import CodecStats, DecodePool
 from pcgtts.tts.errors import InvalidOptions, NothingToSay
@@ -119,8 +120,8 @@ def _dir_digest(path: Path | None, limit: int = 256 << 20) -> str:
 
 
 class TTSService:
-    def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec, engine,
-                 presets: dict[str, VoicePrompt]):
+    def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec,
+                 engine: StreamingEngine, presets: dict[str, VoicePrompt]):
         self.config = config
         self.bundle = bundle
         self.family = family
@@ -252,7 +253,7 @@ class TTSService:
     @property
     def engine_name(self) -> str:
         """Which engine decodes ("builtin" or "vllm")."""
-        return getattr(self.engine, "name", "builtin")
+        return self.engine.name
 
     def capabilities(self) -> dict:
         return {
@@ -281,7 +282,7 @@ class TTSService:
         limits = {"top_k": {"minimum": 0, "maximum": self.engine.vocab_size},
                   "max_tokens": {"minimum": self.min_max_tokens}}
         if self.engine_gamma:  # an engine without per-request γ (vLLM) verifies its own γ only
-            fixed = not getattr(self.engine, "per_request_gamma", True)
+            fixed = not self.engine.per_request_gamma
             limits["num_speculative_tokens"] = {"minimum": self.engine_gamma if fixed else 1,
                                                 "maximum": self.engine_gamma}
         return limits
@@ -308,12 +309,12 @@ class TTSService:
     @property
     def acceptance_rules(self) -> list[str]:
         """Rules a request may pick; those that use an ASG table (pcg, lantern) only when one is loaded."""
-        from pcgtts.engine.acceptance import RULES, uses_asg_table
+        from pcgtts.engine.acceptance import uses_asg_table
 
         if not self.engine_gamma:
             return ["none"]
         # token-level rules first; an engine may serve fewer (vLLM: exact and pcg)
-        rules = sorted(getattr(self.engine, "acceptance_rules", RULES), key=uses_asg_table)
+        rules = sorted(self.engine.acceptance_rules, key=uses_asg_table)
         return [rule for rule in rules if self.asg_table_names or not uses_asg_table(rule)]
 
     @cached_property
@@ -336,8 +337,7 @@ class TTSService:
             raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
                                  f"{self.acceptance_rules}.", "acceptance")
         gamma = options.num_speculative_tokens
-        if gamma is not None and gamma != self.engine_gamma and not getattr(self.engine, "per_request_gamma",
-                                                                             True):
+        if gamma is not None and gamma != self.engine_gamma and not self.engine.per_request_gamma:
             raise InvalidOptions(f"num_speculative_tokens is fixed at {self.engine_gamma} on the "
                                  f"{self.engine_name} engine (it verifies the same γ for every request).",
                                  "num_speculative_tokens")

@@ -115,7 +115,8 @@ def engine_args(config: EngineConfig, options: VllmOptions):
 
 
 class VllmEngine:
-    """An AsyncLLM serving one target (and draft) by token ids."""
+    """An AsyncLLM serving one target (and draft) by token ids, behind the streaming interface
+    (engine/streaming.py)."""
 
     name = "vllm"
     per_request_gamma = False  # vLLM drafts and verifies γ for every request alike
@@ -228,6 +229,10 @@ class VllmEngine:
 
     def set_deadline(self, request_id: str, deadline: float | None) -> None:
         """vLLM schedules first come, first served; audio deadlines are not used."""
+
+    def pin_prefix(self, token_ids: list[int], lru: bool = False) -> None:
+        """vLLM's automatic prefix caching keeps a voice's prompt blocks while they are used and evicts by
+        LRU; it has no pinning, so nothing is kept for good here."""
 
     def metrics(self) -> EngineMetrics:
         return self.counters.snapshot()
