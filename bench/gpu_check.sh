@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# GPU check (< 8 minutes on one CUDA GPU): the engine's equivalence tests on the device (incl. CUDA-graph
-# decode vs eager: tests/engine/test_engine_graphs.py), then the engine benchmark (target-only / exact / pcg /
-# transformers, batch 1 and 16) on a Llasa-1B-shaped random pair, eager and with CUDA graphs.
+# GPU check (meant to fit 10 minutes on one CUDA GPU; not yet run on one): the engine's equivalence tests on
+# the device (incl. CUDA-graph decode vs eager: tests/engine/test_engine_graphs.py) and, where vLLM is
+# installed, the vLLM plugin's (tests/vllm: verdicts, distributions through vLLM), then both engines on a
+# Llasa-1B-shaped random pair at batch 1, 8, 32, 64: our engine (target-only / exact / pcg, eager and with
+# CUDA graphs) and vLLM with pcgtts' plugin (target-only / exact / pcg, CUDA graphs, one round) in one
+# `bench engine` table: which engine is faster at each batch size, and whether PCG pays on each.
 #
-#   bench/gpu_check.sh [OUT_DIR]          results: OUT_DIR/{env.txt,tests.log,bench.log,engine.json}
+#   bench/gpu_check.sh [OUT_DIR]          results: OUT_DIR/{env.txt,tests.log,eager/,cuda_graphs/}
 #
-# Environment: PYTHON (a python whose torch sees the GPU; default .venv/bin/python, then python3),
-# DEVICE (cuda), SHAPE (llasa-1b; llasa-mini exercises the same path on a CPU), REPEATS (3).
+# Environment: PYTHON (a python whose torch sees the GPU, with vLLM 0.32 for vLLM's rows: README "GPU";
+# default .venv/bin/python, then python3), DEVICE (cuda), SHAPE (llasa-1b; llasa-mini exercises the same
+# path on a CPU), REPEATS (3), BATCHES ("1 8 32 64"), BENCH_TIMEOUT (s per bench run, 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/gpu_check}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-llasa-1b}
 REPEATS=${REPEATS:-3}
+BATCHES=${BATCHES:-1 8 32 64}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
 mkdir -p "$OUT"
 
 if [ -z "${PYTHON:-}" ]; then
@@ -38,7 +44,14 @@ missing = [m for m in ("transformers", "safetensors", "scipy", "pytest", "tokeni
            if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"missing packages: {' '.join(missing)} (pip install -e '.[test]')")
+try:
+    from pcgtts.engine.vllm.versions import check_vllm
+    print("vllm: %s %s" % check_vllm())
+except Exception as exc:  # the bench reports vLLM's rows as skipped, with this reason
+    print(f"vllm: none ({exc})")
 PY
+VLLM_TESTS=()
+grep -q "^vllm: none" "$OUT/env.txt" || VLLM_TESTS=(tests/vllm/test_vllm_verify.py tests/vllm/test_vllm_distribution.py)
 
 set +e  # run the bench even if a test fails; the exit status reports both
 start=$SECONDS
@@ -46,18 +59,24 @@ echo "== equivalence tests on $DEVICE"
 PCGTTS_TEST_DEVICE=$DEVICE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
   tests/engine/test_engine_model.py tests/engine/test_engine_greedy.py tests/engine/test_engine_sampling.py \
   tests/engine/test_engine_llasa.py tests/engine/test_engine_graphs.py tests/engine/test_engine_feature_head.py \
-  2>&1 | tee "$OUT/tests.log"
+  "${VLLM_TESTS[@]}" 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "tests: exit $tests_rc after $((SECONDS - start)) s"
 
-echo "== engine bench, shape $SHAPE on $DEVICE"
+echo "== engine bench, shape $SHAPE on $DEVICE, batch $BATCHES"
 GRAPHS=eager
 [[ $DEVICE == cuda* ]] && GRAPHS="eager cuda_graphs"
+LAST=${GRAPHS##* }
 bench_rc=0
 for graphs in $GRAPHS; do
   mkdir -p "$OUT/$graphs"
-  timeout 165 "$PYTHON" -m pcgtts.bench.engine_bench --shape "$SHAPE" --device "$DEVICE" --batch-sizes 1 16 \
-    --max-tokens 128 --prompt-len 64 --repeats "$REPEATS" --decode-graphs "$graphs" --out "$OUT/$graphs" \
+  # vLLM's rows (one round, before ours) in the last run only: its start-ups dominate the time box
+  VLLM_ROUNDS=0
+  [ "$graphs" = "$LAST" ] && VLLM_ROUNDS=1
+  # shellcheck disable=SC2086  # BATCHES is a list of numbers
+  timeout "$BENCH_TIMEOUT" "$PYTHON" -m pcgtts.bench.engine_bench --shape "$SHAPE" --device "$DEVICE" \
+    --batch-sizes $BATCHES --max-tokens 128 --prompt-len 64 --repeats "$REPEATS" --decode-graphs "$graphs" \
+    --no-hf-assisted --vllm-python "$PYTHON" --vllm-rounds "$VLLM_ROUNDS" --out "$OUT/$graphs" \
     2>&1 | tee "$OUT/$graphs/bench.log"
   (( PIPESTATUS[0] != 0 )) && bench_rc=1
 done

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run-book for the real thing on one CUDA GPU (minutes): Llasa-1B as target with a smaller draft, its ASG
 # table (`pcgtts asg build`), the acceptance sweep (target-only / exact / SSD / top-k / LANTERN / PCG side
-# by side) and a `pcgtts serve` smoke test (voice upload through X-codec2's encoder, streamed speech).
+# by side) and `pcgtts serve` smoke tests on both engines (the built-in one, then `--engine vllm` with the
+# plugin's PCG where vLLM is installed: voice upload through X-codec2's encoder, streamed speech, the
+# acceptance counters of /metrics). Which engine is faster at batch 1-64: bench/gpu_check.sh.
 #
 #   LLASA=DIR XCODEC2=DIR [SEMANTIC=DIR] [DRAFT=DIR] bench/llasa_gpu.sh [OUT_DIR]
 #
@@ -15,7 +17,7 @@
 # target's shape: llasa-1b; llasa-mini for a CPU dry run), REDUCED_CODEC=1 (random codec at test sizes),
 # ASR=1 (WER with Whisper tiny.en: needs the `eval` extra), MAX_TOKENS (speech tokens per utterance, 400),
 # PORT (8765).
-# Results: OUT_DIR/{prepare.log,asg.log,sweep/acceptance.json,sweep.log,smoke.wav,serve.log}.
+# Results: OUT_DIR/{prepare.log,asg.log,sweep/acceptance.json,sweep.log,serve-builtin/,serve-vllm/}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/llasa_gpu}
@@ -51,34 +53,47 @@ set +e
   --max-tokens "$MAX_TOKENS" $([ -n "${ASR:-}" ] || echo --no-asr) 2>&1 | tee "$OUT/sweep.log"
 sweep_rc=${PIPESTATUS[0]}
 
-echo "== serve smoke test ($((SECONDS - start)) s)"
-"$PYTHON" -m pcgtts.cli serve --model "$TARGET" --draft "$DRAFT" --codec "$CODEC" \
-  ${SEMANTIC:+--semantic-model "$SEMANTIC"} --asg-table "$OUT/asg.safetensors" --device "$DEVICE" \
-  --port "$PORT" --data-dir "$OUT/data" --max-tokens "$MAX_TOKENS" >"$OUT/serve.log" 2>&1 &
-server=$!
+# `pcgtts serve --engine ENGINE`: ready, a voice upload (X-codec2's encoder), one streamed utterance in it
+smoke() {
+  local engine=$1 dir="$OUT/serve-$1" rc=1 voice=alloy code
+  mkdir -p "$dir"
+  echo "== serve smoke test, engine $engine ($((SECONDS - start)) s)"
+  "$PYTHON" -m pcgtts.cli serve --engine "$engine" --model "$TARGET" --draft "$DRAFT" --codec "$CODEC" \
+    ${SEMANTIC:+--semantic-model "$SEMANTIC"} --asg-table "$OUT/asg.safetensors" --device "$DEVICE" \
+    --port "$PORT" --data-dir "$dir/data" --max-tokens "$MAX_TOKENS" >"$dir/serve.log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    if curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; then rc=0; break; fi
+    kill -0 $server 2>/dev/null || break
+    curl -s "http://127.0.0.1:$PORT/ready" | grep -q '"failed"' && break  # the model failed to load
+    sleep 1
+  done
+  if [ $rc = 0 ]; then
+    code=$(curl -s -o "$dir/upload.json" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/audio/voices" \
+      -F name=ref -F transcript="A short reference clip." -F audio_sample=@"$OUT/ref.wav")
+    echo "voice upload: HTTP $code $(cat "$dir/upload.json")"
+    [ "$code" = 201 ] && voice=ref
+    [ "$voice" = ref ] || echo "(no voice: a Llasa checkpoint has no presets, so the request below fails)"
+    curl -sf -o "$dir/smoke.wav" "http://127.0.0.1:$PORT/v1/audio/speech" -H 'Content-Type: application/json' \
+      -d "{\"model\": \"llasa\", \"voice\": \"$voice\", \"input\": \"Speculative decoding, checked on a GPU.\", \"response_format\": \"wav\"}" \
+      && echo "speech: $(stat -c %s "$dir/smoke.wav") bytes -> $dir/smoke.wav" || rc=1
+    curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^pcgtts:spec_decode_num_(draft|accepted)_tokens_total' || true
+  else
+    echo "server did not become ready; see $dir/serve.log"
+  fi
+  kill $server 2>/dev/null; wait $server 2>/dev/null
+  return $rc
+}
 trap 'kill $server 2>/dev/null' EXIT
-smoke_rc=1
-for _ in $(seq 600); do
-  if curl -sf "http://127.0.0.1:$PORT/ready" >/dev/null; then smoke_rc=0; break; fi
-  kill -0 $server 2>/dev/null || break
-  sleep 1
-done
-if [ $smoke_rc = 0 ]; then
-  voice=alloy
-  "$PYTHON" -c "import numpy as np, soundfile as sf; t = np.arange(48000) / 16000; \
+"$PYTHON" -c "import numpy as np, soundfile as sf; t = np.arange(48000) / 16000; \
 sf.write('$OUT/ref.wav', (0.2 * np.sin(2 * np.pi * 150 * t)).astype('float32'), 16000)"
-  code=$(curl -s -o "$OUT/upload.json" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/audio/voices" \
-    -F name=ref -F transcript="A short reference clip." -F audio_sample=@"$OUT/ref.wav")
-  echo "voice upload: HTTP $code $(cat "$OUT/upload.json")"
-  [ "$code" = 201 ] && voice=ref
-  [ "$voice" = ref ] || echo "(no voice: a Llasa checkpoint has no presets, so the request below fails)"
-  curl -sf -o "$OUT/smoke.wav" "http://127.0.0.1:$PORT/v1/audio/speech" -H 'Content-Type: application/json' \
-    -d "{\"model\": \"llasa\", \"voice\": \"$voice\", \"input\": \"Speculative decoding, checked on a GPU.\", \"response_format\": \"wav\"}" \
-    && echo "speech: $(stat -c %s "$OUT/smoke.wav") bytes -> $OUT/smoke.wav" || smoke_rc=1
+smoke builtin; smoke_rc=$?
+vllm_rc=0
+if "$PYTHON" -c "from pcgtts.engine.vllm.versions import check_vllm; check_vllm()" 2>/dev/null; then
+  smoke vllm; vllm_rc=$?
 else
-  echo "server did not become ready; see $OUT/serve.log"
+  echo "== vLLM not installed for $PYTHON: no vLLM smoke test (README: vLLM on a GPU host)"
 fi
-kill $server 2>/dev/null; wait $server 2>/dev/null
 echo "random stand-ins: ${RANDOM_PARTS:-none}"
-echo "sweep: exit $sweep_rc, smoke: exit $smoke_rc; total $((SECONDS - start)) s"
-exit $(( sweep_rc != 0 || smoke_rc != 0 ))
+echo "sweep: exit $sweep_rc, smoke: exit $smoke_rc, vLLM smoke: exit $vllm_rc; total $((SECONDS - start)) s"
+exit $(( sweep_rc != 0 || smoke_rc != 0 || vllm_rc != 0 ))

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pcgtts.engine.acceptance import RULES
 from pcgtts.engine.config import EngineConfig, SamplingParams
 from pcgtts.engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
 from pcgtts.engine.llm_engine import Engine, RequestOutput
@@ -52,6 +53,12 @@ class _Stream:
 
 
 class AsyncEngine:
+    """The built-in engine behind the streaming interface (engine/streaming.py)."""
+
+    name = "builtin"
+    acceptance_rules = tuple(RULES)  # every rule, per request
+    per_request_gamma = True  # a row verifies up to its own num_speculative_tokens
+
     def __init__(self, config: EngineConfig, engine: Engine | None = None):
         self.config = config
         self.engine = engine or Engine(config)

@@ -78,6 +78,23 @@ class EngineConfig:
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
 
+
+def check_prompt(prompt_ids, vocab_size: int, max_model_len: int) -> list[int]:
+    """A request's prompt as ints, or ValueError (empty, ids outside the vocabulary) / RequestTooLong (no
+    room left for generating): the checks every engine makes before queueing a request."""
+    from pcgtts.engine.errors import RequestTooLong
+
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size})")
+    if len(prompt_ids) >= max_model_len:
+        raise RequestTooLong(f"prompt of {len(prompt_ids)} tokens; the engine holds at most "
+                             f"{max_model_len} tokens per sequence")
+    return prompt_ids
+
+
 # Inclusive ranges the engine accepts per request; values outside fail that request with ValueError. They are
 # wide (the API's own ranges are narrower) and exist so that no value can break the batched math: finite,
 # fits int64, stays nonzero in float32.

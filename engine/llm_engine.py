@@ -21,8 +21,7 @@ import torch
 from pcgtts.engine.acceptance import RuleCache
 from pcgtts.engine.attention import make_backend
 from pcgtts.engine.batch_invariance import CALIBRATIONS, PLAIN, ROW_QUANTA, InvariancePlan, calibrate
-from pcgtts.engine.config import DETERMINISTIC_MODES, EngineConfig, SamplingParams
-from pcgtts.engine.errors import RequestTooLong
+from pcgtts.engine.config import DETERMINISTIC_MODES, EngineConfig, SamplingParams, check_prompt
 from pcgtts.engine.faults import isolate_faults, snapshot
 from pcgtts.engine.metrics import Counters, EngineMetrics
 from pcgtts.engine.model.captured import resolve_mode
@@ -221,14 +220,7 @@ class Engine:
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> list[int]:
         """Check a request without queueing it (safe from any thread); returns the prompt as ints."""
         params.check()  # again here: fields may have been changed since construction
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("empty prompt")
-        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must lie in [0, {self.vocab_size})")
-        if len(prompt_ids) >= self.max_model_len:
-            raise RequestTooLong(f"prompt of {len(prompt_ids)} tokens; the engine holds at most "
-                                 f"{self.max_model_len} tokens per sequence")
+        prompt_ids = check_prompt(prompt_ids, self.vocab_size, self.max_model_len)
         if params.asg_table is not None:
             self.rules.check_table(params.asg_table)
         if self.num_speculative_tokens:

