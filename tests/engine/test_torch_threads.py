@@ -12,14 +12,30 @@ from pcgtts.engine.torch_threads import adopt_torch_threads
 
 
 def _openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime torch loaded (libgomp / libiomp), or None."""
+    """The OpenMP runtime torch runs its parallel regions on (libgomp / libiomp), or None.
+
+    Other wheels ship their own copy (sentencepiece brings a second libgomp), so the one meant is the runtime
+    whose per-thread count follows torch.set_num_threads in this thread."""
     torch.ones(1)  # make sure torch's libraries are mapped
     try:
         with open("/proc/self/maps") as maps:
             paths = sorted({line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line})
     except OSError:
         return None
-    return ctypes.CDLL(paths[0]) if paths else None
+    before = torch.get_num_threads()
+    try:
+        for path in paths:
+            runtime = ctypes.CDLL(path)
+            if all(_follows(runtime, n) for n in (1, 2)):
+                return runtime
+    finally:
+        torch.set_num_threads(before)
+    return None
+
+
+def _follows(runtime: ctypes.CDLL, n: int) -> bool:
+    torch.set_num_threads(n)
+    return runtime.omp_get_max_threads() == n
 
 
 @pytest.mark.skipif(_openmp() is None or (os.cpu_count() or 1) < 2,
