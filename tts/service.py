@@ -263,7 +263,7 @@ class TTSService:
             "codec_sample_rate": self.sample_rate,
             "acceptance": self.engine_acceptance,
             "acceptance_rules": self.acceptance_rules,
-            "num_speculative_tokens": self.engine_gamma,
+            "num_speculative_tokens": self.engine_num_speculative_tokens,
             "asg_table": self.asg_table_name,
             "asg_tables": self.asg_table_names,
             "max_tokens": self.config.max_tokens,
@@ -283,10 +283,10 @@ class TTSService:
         `validate` enforces beyond any model's; num_speculative_tokens is absent without a draft."""
         limits = {"top_k": {"minimum": 0, "maximum": self.engine.vocab_size},
                   "max_tokens": {"minimum": self.min_max_tokens}}
-        if self.engine_gamma:  # an engine without per-request γ (vLLM) verifies its own γ only
+        most = self.engine_num_speculative_tokens
+        if most:  # an engine without per-request γ (vLLM) verifies its own γ only
             fixed = not self.engine.per_request_gamma
-            limits["num_speculative_tokens"] = {"minimum": self.engine_gamma if fixed else 1,
-                                                "maximum": self.engine_gamma}
+            limits["num_speculative_tokens"] = {"minimum": most if fixed else 1, "maximum": most}
         return limits
 
     @cached_property
@@ -301,10 +301,10 @@ class TTSService:
 
     @property
     def engine_acceptance(self) -> str:
-        return self.engine.config.acceptance if self.engine_gamma else "none"
+        return self.engine.config.acceptance if self.engine_num_speculative_tokens else "none"
 
     @property
-    def engine_gamma(self) -> int:
+    def engine_num_speculative_tokens(self) -> int:
         cfg = self.engine.config
         return cfg.num_speculative_tokens if cfg.draft else 0
 
@@ -313,7 +313,7 @@ class TTSService:
         """Rules a request may pick; those that use an ASG table (pcg, lantern) only when one is loaded."""
         from pcgtts.engine.acceptance import uses_asg_table
 
-        if not self.engine_gamma:
+        if not self.engine_num_speculative_tokens:
             return ["none"]
         # token-level rules first; an engine may serve fewer (vLLM: exact and pcg)
         rules = sorted(self.engine.acceptance_rules, key=uses_asg_table)
@@ -338,13 +338,13 @@ class TTSService:
                 self.engine_acceptance]:
             raise InvalidOptions(f"acceptance {options.acceptance!r} is not available here; choose one of "
                                  f"{self.acceptance_rules}.", "acceptance")
-        gamma = options.num_speculative_tokens
-        if gamma is not None and gamma != self.engine_gamma and not self.engine.per_request_gamma:
-            raise InvalidOptions(f"num_speculative_tokens is fixed at {self.engine_gamma} on the "
+        gamma, most = options.num_speculative_tokens, self.engine_num_speculative_tokens
+        if gamma is not None and gamma != most and not self.engine.per_request_gamma:
+            raise InvalidOptions(f"num_speculative_tokens is fixed at {most} on the "
                                  f"{self.engine_name} engine (it verifies the same γ for every request).",
                                  "num_speculative_tokens")
-        if gamma is not None and not (gamma == self.engine_gamma or 1 <= gamma <= self.engine_gamma):
-            raise InvalidOptions(f"num_speculative_tokens must lie in 1..{self.engine_gamma}, the engine's γ "
+        if gamma is not None and not (gamma == most or 1 <= gamma <= most):
+            raise InvalidOptions(f"num_speculative_tokens must lie in 1..{most}, the engine's γ "
                                  "(the draft proposes that many; a request may verify fewer).",
                                  "num_speculative_tokens")
         vocab = self.engine.vocab_size
@@ -374,7 +374,7 @@ class TTSService:
             constraint=prompt.constraint,
             acceptance=None if rule in (None, "none", self.engine_acceptance) else rule,
             asg_table=None if options.asg_table == self.asg_table_name else options.asg_table,
-            num_speculative_tokens=None if gamma in (None, self.engine_gamma) else gamma,
+            num_speculative_tokens=None if gamma in (None, self.engine_num_speculative_tokens) else gamma,
         )
 
     def sentence_segments(self, sentence: str) -> list[str]:

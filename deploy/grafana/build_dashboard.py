@@ -25,9 +25,9 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ("acceptance", f"sum(rate({P}spec_decode_num_accepted_tokens_total{RATE})) / "
                        f"sum(rate({P}spec_decode_num_draft_tokens_total{RATE}))"),
     ]),
-    ("Mean emitted tokens per speculative step", "short", [
-        ("tokens/step", f"1 + sum(rate({P}spec_decode_num_accepted_tokens_total{RATE})) / "
-                        f"sum(rate({P}spec_decode_num_drafts_total{RATE}))"),
+    ("Tokens per verify step", "short", [
+        ("tokens per verify step", f"1 + sum(rate({P}spec_decode_num_accepted_tokens_total{RATE})) / "
+                                    f"sum(rate({P}spec_decode_num_drafts_total{RATE}))"),
     ]),
     ("Acceptance by draft position", "percentunit", [
         ("pos {{position}}",

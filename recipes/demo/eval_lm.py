@@ -213,7 +213,7 @@ def evaluate(model_dir: Path, *, count: int = 20, seeds: tuple[int, ...] = (0, 1
         steps = sum(g.num_steps for g in gens)  # verify steps; each emits its accepted drafts + 1 token
         report["speculative_exact_gamma3"] = score(gens, items, family, codec, transcriber) | {
             "alpha": accepted / max(1, drafted), "drafted": drafted, "accepted": accepted, "steps": steps,
-            "tokens_per_step": 1 + accepted / max(1, steps),
+            "tokens_per_verify_step": 1 + accepted / max(1, steps),
             "generate_seconds": secs, "target_only_seconds": runs[0]["generate_seconds"]}
         print(f"[eval] exact γ=3 α {accepted / max(1, drafted):.3f}", flush=True)
         report["cost_per_token"] = per_token_cost(bundle, family, items)

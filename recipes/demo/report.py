@@ -45,12 +45,12 @@ def _fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def expected_speedup(tokens_per_step: float, cost_ratio: float, gamma: int) -> float:
+def expected_speedup(tokens_per_verify_step: float, cost_ratio: float, gamma: int) -> float:
     """Speed-up over target-only decoding if a (γ+1)-token verify cost one target forward (memory-bound, as
     on a GPU; on a CPU it costs more): tokens per step over the step's cost γ·c + 1 target forwards.
-    Take tokens_per_step as measured (1 + accepted / steps): the accepted/drafted rate counts every draft
-    after a rejection as rejected, so it is not Leviathan's per-token α."""
-    return tokens_per_step / (gamma * cost_ratio + 1)
+    Take tokens_per_verify_step as measured (1 + accepted / steps): the accepted/drafted rate counts every
+    draft after a rejection as rejected, so it is not Leviathan's per-token α."""
+    return tokens_per_verify_step / (gamma * cost_ratio + 1)
 
 
 def _target_row(label: str, r: dict) -> str:
@@ -91,14 +91,14 @@ def write_report(run_dir: Path, model_dir: Path, report: dict) -> None:
                   f"- draft alone: WER {_fmt(d['wer'])}, ends by itself {_fmt(d['ended_share'], 2)}",
                   f"- exact speculative decoding, γ=3: α = {_fmt(s['alpha'])} "
                   f"({s['accepted']}/{s['drafted']} drafts accepted: vLLM's draft acceptance rate), "
-                  f"{_fmt(s['tokens_per_step'], 2)} tokens per verify step "
+                  f"{_fmt(s['tokens_per_verify_step'], 2)} tokens per verify step "
                   f"(1 + accepted / {s['steps']} steps: vLLM's mean acceptance length), WER {_fmt(s['wer'])}"]
         acceptance = run_dir / "draft" / "acceptance.json"
         if acceptance.exists():
             per_token = json.loads(acceptance.read_text())["held_out_per_token_alpha"]
             lines.append(f"- per-token acceptance Σ min(p, q), teacher-forced on held-out utterances "
                          f"(Leviathan et al.'s α): {_fmt(per_token)}")
-        gpu_like = expected_speedup(s["tokens_per_step"], c["ratio"], 3)
+        gpu_like = expected_speedup(s["tokens_per_verify_step"], c["ratio"], 3)
         lines += [f"- per-token cost (one sequence, same engine): target {c['target'] * 1e3:.2f} ms, "
                   f"draft {c['draft'] * 1e3:.2f} ms, ratio {_fmt(c['ratio'])}",
                   f"- expected speed-up at these tokens per step and cost ratio if a 4-token verify cost one "

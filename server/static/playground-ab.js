@@ -24,7 +24,7 @@ for (const side of ["A", "B"]) {
 
 function sideIds(side) {
   const p = `ab-${side.toLowerCase()}`;
-  return { acceptance: `${p}-acceptance`, table: `${p}-asg-table`, gamma: `${p}-gamma`, wave: `${p}-wave`,
+  return { acceptance: `${p}-acceptance`, table: `${p}-asg-table`, draftTokens: `${p}-draft-tokens`, wave: `${p}-wave`,
            trace: `${p}-trace`, stats: `${p}-stats`, play: `${p}-play` };
 }
 
@@ -36,8 +36,8 @@ function fillChoices(card) {
     for (const rule of rules) $(ids.acceptance).append(new Option(rule, rule));
     $(ids.acceptance).value = rules.includes(preferred) ? preferred : (rules[0] || "");
     for (const table of card.asg_tables || []) $(ids.table).append(new Option(table, table));
-    $(ids.gamma).max = String(card.num_speculative_tokens || 1);
-    $(ids.gamma).value = String(card.num_speculative_tokens || 1);
+    $(ids.draftTokens).max = String(card.num_speculative_tokens || 1);
+    $(ids.draftTokens).value = String(card.num_speculative_tokens || 1);
   }
 }
 // /v1/models may have answered before this script ran.
@@ -51,7 +51,7 @@ function sideConfig(side, seedOffset) {
   config.seed = (config.seed === undefined ? 1 : config.seed) + seedOffset;
   if ($(ids.acceptance).value) config.acceptance = $(ids.acceptance).value;
   if ($(ids.table).value) config.asg_table = $(ids.table).value;
-  if ($(ids.gamma).value !== "") config.num_speculative_tokens = Number($(ids.gamma).value);
+  if ($(ids.draftTokens).value !== "") config.num_speculative_tokens = Number($(ids.draftTokens).value);
   return config;
 }
 

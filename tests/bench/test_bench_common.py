@@ -62,10 +62,13 @@ def test_only_the_toolkit_does_it(pattern, what):
 
 
 def test_one_name_per_quantity_in_benches_and_results():
-    """No benchmark and no results file (JSON keys) uses a retired name; mean_accepted_len appears only in
-    `bench acceptance`'s rows (its README notes the renames)."""
+    """No benchmark, results file (JSON keys), training recipe or shipped model evaluation uses a retired
+    name; mean_accepted_len appears only in `bench acceptance`'s rows (its README notes the renames)."""
+    root = BENCH.parent
     files = list(bench_sources().items()) + [(str(p.relative_to(BENCH)), p.read_text())
                                              for p in (BENCH / "results").rglob("*.json")]
+    files += [(str(p.relative_to(root)), p.read_text())
+              for p in [*(root / "recipes").rglob("*.py"), *(root / "models").glob("*/eval.json")]]
     for name, text in files:
         for old, new in RETIRED.items():
             assert not re.search(rf"\b{old}\b", text), f"{name} says {old}; the name is {new}"

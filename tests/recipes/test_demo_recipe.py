@@ -229,7 +229,7 @@ def test_duration_caps_are_a_percentile_of_each_phonemes_frames_as_laid_out():
         assert np.mean(np.array(v) <= cap) >= 0.9 and np.mean(np.array(v) <= cap - 1) < 0.9
 
 
-def test_expected_speedup_is_tokens_per_step_over_the_step_cost():
+def test_expected_speedup_is_tokens_per_verify_step_over_the_step_cost():
     from pcgtts.recipes.demo.report import expected_speedup
 
     assert expected_speedup(1.0, 0.25, 3) == pytest.approx(1 / 1.75)  # drafts wasted: pay for γ of them

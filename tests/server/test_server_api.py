@@ -251,7 +251,7 @@ def test_metrics_after_traffic(client, live_server):
         return sum(s.value for s in families[name].samples
                    if s.name == name + suffix and all(s.labels.get(k) == v for k, v in labels.items()))
 
-    gamma = live_server.state.service.engine_gamma
+    gamma = live_server.state.service.engine_num_speculative_tokens
     for gauge in ("pcgtts:num_requests_running", "pcgtts:num_requests_waiting", "pcgtts:kv_cache_usage_perc"):
         assert families[gauge].type == "gauge"
     assert value("pcgtts:prompt_tokens", "_total") > 0 and value("pcgtts:generation_tokens", "_total") > 0

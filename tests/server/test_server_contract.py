@@ -41,7 +41,8 @@ def test_openapi_lists_every_served_format_and_the_real_ranges(live_server):
     assert {"audio/basic", "audio/x-alaw-basic", "audio/mpeg", "audio/pcm"} <= set(content)
     fields = schema["components"]["schemas"]["SpeechRequest"]["properties"]
     gamma = fields["num_speculative_tokens"]["anyOf"][0]
-    assert gamma["minimum"] == 1 and gamma["maximum"] == live_server.state.service.engine_gamma  # the model's
+    most = live_server.state.service.engine_num_speculative_tokens  # the model's
+    assert gamma["minimum"] == 1 and gamma["maximum"] == most
     for name in ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens", "speed"):
         spec = fields[name]["anyOf"][0] if "anyOf" in fields[name] else fields[name]
         assert "minimum" in spec and "maximum" in spec, name

@@ -152,7 +152,7 @@ def test_progress_events_trace_acceptance_per_chunk(live_server):
         ws.send(json.dumps({"type": "session.config", "seed": 5, "acceptance": "pcg"}))
         speak(ws, "Tracing acceptance, one chunk at a time.")
         messages = collect_until_done(ws)
-    gamma = live_server.state.service.engine_gamma
+    gamma = live_server.state.service.engine_num_speculative_tokens
     progress = [parse_server_event(m) for m in messages
                 if isinstance(m, dict) and m["type"] == "audio.progress"]
     assert len(progress) >= 2 and all(isinstance(p, AudioProgress) for p in progress)
