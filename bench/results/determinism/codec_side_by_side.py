@@ -1,8 +1,10 @@
 """Codec decode cost, this build against the previous one (a77ce58), side by side in one process.
 
-The previous build decoded the windows of one length in one conv-decoder call and normalised Griffin-Lim's
-phases with one torch.sgn over the batch; this build decodes window by window and normalises block by
-block (a stream's audio is then the same bits in any batch). The previous form is restated here to time
+The previous build decoded the windows of one length in one conv-decoder call and ran Griffin-Lim's FFTs
+and phase normalisation (torch.sgn) over the batch; this build decodes window by window and runs those
+block by block (`griffinlim.each_block`; a stream's audio is then the same bits in any batch). The first
+two runs in the .txt predate the per-block FFTs (only torch.sgn went block by block then); the last one
+has them. The previous form is restated here to time
 both on the same machine at the same moment, alternating, 5 repeats, medians.
 
     .venv/bin/python bench/results/determinism/codec_side_by_side.py 1 8 16 \
@@ -21,7 +23,7 @@ from pcgtts.tts.bundle import DEFAULT_MODEL_DIR
 
 torch.set_num_threads(1)
 codec = C.DemoMelCodec.from_dir(DEFAULT_MODEL_DIR / "codec")
-this_mels, this_unit_phase = C.DemoMelCodec._block_mels, G.unit_phase
+this_mels, this_each_block = C.DemoMelCodec._block_mels, G.each_block
 
 
 def previous_mels(self, streams):
@@ -37,7 +39,7 @@ def previous_mels(self, streams):
 
 def use(previous: bool) -> None:
     C.DemoMelCodec._block_mels = previous_mels if previous else this_mels
-    G.unit_phase = torch.sgn if previous else this_unit_phase
+    G.each_block = (lambda op, batch: op(batch)) if previous else this_each_block
 
 
 def decode_all(n_streams: int, seconds: float = 4.0, step: int = 3) -> float:

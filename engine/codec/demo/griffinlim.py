@@ -12,8 +12,8 @@ blocks are long enough to amortise their context frames.
 
 Blocks of several utterances with the same frame count run as one batched Griffin-Lim
 (`synthesize_blocks`); one utterance's block is the batch of one, and every op computes a block's numbers
-alike in a batch of any size (the STFTs transform each block on its own; `unit_phase` normalises block by
-block), so the samples do not depend on batching, bit for bit.
+alike in a batch of any size (the STFTs and the phase normalisation run block by block: `each_block`), so
+the samples do not depend on batching, bit for bit.
 
 Synthesis runs at half the analysis hop (log-mel frames are interpolated to 100 frames/s) for a denser
 overlap, which Griffin-Lim needs for clean phase.
@@ -95,23 +95,28 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
     pad_mode = "reflect" if length > n_fft // 2 else "constant"
     prev = torch.zeros_like(phase)
     coef = cfg.momentum / (1 + cfg.momentum)
+
+    def istft(spectra: torch.Tensor) -> torch.Tensor:  # [F, n] -> [length]
+        return torch.istft(spectra, n_fft, hop, window=window, center=True, length=length)
+
+    def stft(audio: torch.Tensor) -> torch.Tensor:  # [length] -> [F, n]
+        return torch.stft(audio, n_fft, hop, window=window, center=True, pad_mode=pad_mode,
+                          return_complex=True)[..., :-1]
+
     for _ in range(cfg.iterations):
-        audio = torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length)
-        rebuilt = torch.stft(audio, n_fft, hop, window=window, center=True, pad_mode=pad_mode,
-                             return_complex=True)[..., :-1]
-        phase = unit_phase(rebuilt - coef * prev)
+        rebuilt = each_block(stft, each_block(istft, mag * phase))
+        phase = each_block(torch.sgn, rebuilt - coef * prev)
         prev = rebuilt
-    return torch.istft(mag * phase, n_fft, hop, window=window, center=True, length=length), phase
+    return each_block(istft, mag * phase), phase
 
 
-def unit_phase(z: torch.Tensor) -> torch.Tensor:
-    """z / |z| (0 where z is 0) of complex z [B, F, n], one block at a time: `torch.sgn` (one op, where
-    dividing by abs() is several) rounds the last few elements of its input by another code path, so over
-    a flat batch the last block's numbers would depend on how many blocks share the call."""
-    out = torch.empty_like(z)
-    for b in range(z.shape[0]):
-        torch.sgn(z[b], out=out[b])
-    return out
+def each_block(op: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> torch.Tensor:
+    """op over each block of batch [B, ...] on its own, stacked: the ops whose rounding depends on how many
+    blocks share the call, so that a stream's audio does not depend on which others the codec decodes with
+    it. The batched FFTs pick other kernels than a single one (on the Intel build machine the inverse
+    differs in the last bits), and `torch.sgn` (one op, where dividing by abs() is several) rounds the last
+    few elements of its input by another code path. The elementwise arithmetic between them stays batched."""
+    return torch.stack([op(block) for block in batch])
 
 
 @dataclass
