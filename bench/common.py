@@ -153,10 +153,11 @@ def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, li
 
 def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int = 3,
                   decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
-                  compile_cache_dir: Path | None = None, deterministic: str | None = None) -> Engine:
+                  compile_cache_dir: Path | None = None, deterministic: str | None = None,
+                  draft_confidence: float = 0.0) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (PCG over the bundle's ASG table). deterministic: EngineConfig.deterministic (None: its
-    default)."""
+    default); draft_confidence: EngineConfig's θ (num_speculative_tokens is then the most a row drafts)."""
     from pcgtts.engine import Engine, EngineConfig
 
     spec = rule != "target-only"
@@ -164,5 +165,5 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
         target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
         acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
         num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
-        decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir,
+        decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir, draft_confidence=draft_confidence,
         **({} if deterministic is None else {"deterministic": deterministic})))

@@ -29,6 +29,9 @@ class EngineConfig:
     # named after its file stem. Each is loaded on first use.
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)
     num_speculative_tokens: int = 3  # γ; 0 (or no draft) decodes with the target alone
+    # θ: a row drafts its next token only while the draft gave its last proposal at least this probability
+    # (engine/draft_length.py), so γ becomes the most a row drafts; 0: every row drafts γ.
+    draft_confidence: float = 0.0
     # "always": every step speculates (γ drafts + verify). "auto": per step, speculate or decode with the
     # target alone, whichever measured faster at this batch size (engine.spec_policy); the TTS service's
     # default. Seeded outputs are reproducible only under "always" (see spec_policy).

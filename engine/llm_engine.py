@@ -65,6 +65,8 @@ class Generation:
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        if not 0.0 <= config.draft_confidence <= 1.0:
+            raise ValueError(f"draft_confidence must lie in [0, 1], not {config.draft_confidence}")
         self.device = torch.device(config.device)
         self.decode_graphs = resolve_mode(config.decode_graphs, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device, compiled=self.decode_graphs == "compile")
@@ -121,7 +123,8 @@ class Engine:
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
         self.decoder = SpeculativeDecoder(self.target, self.draft, gamma, self.shared_generator, self.head,
                                           self.ops, self.invariance,
-                                          "off" if not self.invariance.active else config.deterministic)
+                                          "off" if not self.invariance.active else config.deterministic,
+                                          draft_confidence=config.draft_confidence)
         self.policy = SpeculationPolicy(gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, gamma,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,
@@ -395,6 +398,7 @@ class Engine:
             generation_tokens=c.generation_tokens, spec_num_drafts=c.spec_num_drafts,
             spec_drafted_tokens=c.spec_drafted_tokens, spec_accepted_tokens=c.spec_accepted_tokens,
             spec_accepted_per_position=list(c.spec_accepted_per_position),
+            spec_drafted_per_position=list(c.spec_drafted_per_position),
             preemptions=self.scheduler.num_preemptions, prefix_cache_queries=self.scheduler.prefix_queries,
             prefix_cache_hits=self.scheduler.prefix_hits, speculative_steps=self.policy.speculative_steps,
             target_only_steps=self.policy.target_only_steps, steps=c.steps, batch_tokens=c.batch_tokens,

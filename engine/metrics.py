@@ -30,6 +30,8 @@ class EngineMetrics:
     prefix_cache_hits: int = 0  # of which were found in the prefix cache (not prefilled)
     speculative_steps: int = 0  # decode steps that drafted and verified
     target_only_steps: int = 0  # decode steps the speculation policy ran with the target alone
+    # [γ] drafts verified at position i (each row's own length; empty where the engine does not count it)
+    spec_drafted_per_position: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -41,12 +43,14 @@ class Counters:
     spec_drafted_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = field(default_factory=list)
+    spec_drafted_per_position: list[int] = field(default_factory=list)
     steps: int = 0
     batch_tokens: int = 0
     finished: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.spec_accepted_per_position = [0] * self.num_speculative_tokens
+        self.spec_drafted_per_position = [0] * self.num_speculative_tokens
 
     def record_step(self, batch: int, drafted: list[int], accepted: list[int]) -> None:
         """One decode step of `batch` sequences; drafted[i] drafts verified for sequence i, accepted[i]
@@ -59,3 +63,6 @@ class Counters:
         for k in accepted:
             for i in range(k):
                 self.spec_accepted_per_position[i] += 1
+        for d in drafted:
+            for i in range(d):
+                self.spec_drafted_per_position[i] += 1

@@ -9,8 +9,9 @@ feature head's row holds the target's hidden state at position n-2 (`Sequence.dr
 the last token), kept from the previous step's target forward.
 
 A speculative step for B sequences of lengths n_b:
- 1. draft, γ proposals: a Llama draft first feeds the 1-2 tokens it has not cached yet, then each new draft
-    token; a feature head steps from the kept state with the last token, then with each draft token, and
+ 1. draft, up to γ proposals (fewer where the draft is unsure, with EngineConfig.draft_confidence:
+    engine/draft_length.py): a Llama draft first feeds the 1-2 tokens it has not cached yet, then each new
+    draft token; a feature head steps from the kept state with the last token, then with each draft token, and
     scores through the target's LM head. Every proposal keeps its full processed distribution p
     (Float[B, γ, V]) and samples x ~ p;
  2. target, one forward over [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1 -> q (Float[B, γ+1, V]);
@@ -30,6 +31,7 @@ import torch
 from pcgtts.engine.acceptance import AcceptanceRule
 from pcgtts.engine.acceptance.sampling import RowGenerators
 from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
+from pcgtts.engine.draft_length import confident_lengths, still_drafting
 from pcgtts.engine.model.feature_head import FeatureHead
 from pcgtts.engine.model_runner import ModelRunner
 from pcgtts.engine.ops import Ops
@@ -47,9 +49,10 @@ class StepResult:
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, draft: ModelRunner | None, num_speculative_tokens: int,
                  shared_generator: torch.Generator, head: FeatureHead | None, ops: Ops,
-                 plan: InvariancePlan = PLAIN, invariant_steps: str = "off"):
+                 plan: InvariancePlan = PLAIN, invariant_steps: str = "off", draft_confidence: float = 0.0):
         """draft or head (at most one) proposes; each sequence brings the acceptance rule that verifies its
-        drafts (`Sequence.rule`). ops: the forms of the per-step operations (the engine's, engine/ops);
+        drafts (`Sequence.rule`). draft_confidence: θ of engine/draft_length.py (0: each row drafts its γ).
+        ops: the forms of the per-step operations (the engine's, engine/ops);
         plan: the padding that makes forwards batch-invariant; invariant_steps: which forwards take it,
         "seeded" (prefills, and steps holding a seeded request), "always" or "off"
         (EngineConfig.deterministic)."""
@@ -64,6 +67,7 @@ class SpeculativeDecoder:
         self.vocab_size = target.model.cfg.vocab_size
         self.device = target.device
         self.ops = ops
+        self.draft_confidence = float(draft_confidence)
         self._valid: dict[tuple[int, int], torch.Tensor] = {}
         self.plan, self.invariant_steps = plan, invariant_steps
         self._shaped: InvariancePlan | None = None  # the plan the models' forwards take now
@@ -150,27 +154,35 @@ class SpeculativeDecoder:
         g, dev = self.num_speculative_tokens, self.device
         b = len(seqs)
         lengths = [s.length for s in seqs]
+        caps = torch.tensor([min(g, s.params.num_speculative_tokens or g) for s in seqs], device=dev)  # [B]
         # What the target scores: [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1; the draft writes its
         # proposals straight into `ids` and reads its inputs from it (column j is the draft's j-th input).
         ids = torch.tensor([[s.token_ids[-1]] + [0] * g for s in seqs], device=dev)  # [B, γ+1]
         positions = torch.tensor([range(n - 1, n + g) for n in lengths], device=dev)  # [B, γ+1]
         drafts = ids[:, 1:]  # [B, γ] x_1..x_γ (a view)
         draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # p_1..p_γ
+        confidence = torch.empty(b, g, device=dev)  # p_j(x_j)
 
-        # 1. draft γ proposals
-        if self.head is not None:
-            self._propose_with_head(seqs, sampler, ids, drafts, draft_probs)
-        else:
-            self._propose_with_draft(seqs, sampler, ids, positions, drafts, draft_probs)
+        # 1. draft up to γ proposals per row (draft_length.py: fewer where the draft is unsure)
+        propose = self._propose_with_head if self.head is not None else self._propose_with_draft
+        made = propose(seqs, sampler, ids, positions, drafts, draft_probs, confidence, caps)
+        for _ in range(g - made):  # a row's generator gives γ draws per step however many proposals are made,
+            sampler.uniforms()  # so what a seeded row draws next does not depend on its batch mates
+        row_gammas = confident_lengths(confidence[:, :made], caps, self.draft_confidence).tolist()
+        # The target scores only as many drafts as the longest row verifies (every count runs eagerly; with
+        # captured graphs, which hold γ+1 tokens per row, it scores all γ and ignores the rest).
+        if self.target.captured is None:
+            g = max(row_gammas)
+            ids, positions, drafts, draft_probs = ids[:, :g + 1], positions[:, :g + 1], drafts[:, :g], \
+                draft_probs[:, :g]
 
-        # 2. target scores the last token and all γ drafts in one forward.
+        # 2. target scores the last token and the drafts in one forward.
         t_states = [s.target for s in seqs]
         t_tables = self.target.block_tables(t_states, max(lengths) + g)
         hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables, states=t_states)
-        target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, γ+1, V]
+        target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, g+1, V]
 
-        # 3. verify (each row up to its own γ), 4. roll back.
-        row_gammas = [min(g, s.params.num_speculative_tokens or g) for s in seqs]
+        # 3. verify (each row up to its own length), 4. roll back.
         tokens, accepted = self._verify(seqs, row_gammas, sampler, drafts, draft_probs, target_probs)
         emitted = [row[:k + 1] for row, k in zip(tokens.tolist(), accepted.tolist(), strict=True)]
         num_accepted = [len(e) - 1 for e in emitted]
@@ -184,19 +196,32 @@ class SpeculativeDecoder:
                 s.draft.roll_back(self.draft.blocks, s.length + k)
         return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=row_gammas)
 
+    def _draw_draft(self, sampler: BatchSampler, logits: torch.Tensor, j: int, drafts: torch.Tensor,
+                    draft_probs: torch.Tensor, confidence: torch.Tensor, caps: torch.Tensor) -> bool:
+        """Draw proposal j of every row from the draft's logits ([B, 1, V]) into drafts / draft_probs /
+        confidence; whether any row goes on to proposal j+1."""
+        drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
+        confidence[:, j] = draft_probs[:, j].gather(1, drafts[:, j, None]).squeeze(1)
+        return still_drafting(confidence[:, :j + 1], caps, self.draft_confidence)
+
     def _propose_with_head(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
-                           drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
-        """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts)."""
+                           positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
+                           confidence: torch.Tensor, caps: torch.Tensor) -> int:
+        """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts).
+        Returns the proposals made per row (the rest of the buffers stay unwritten)."""
         states = torch.stack([s.draft_state for s in seqs])  # [B, d]
         for j in range(self.num_speculative_tokens):
             states = self.head(states, ids[:, j])
             logits = self.target.logits(states[:, None])  # [B, 1, V]
-            drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
+            if not self._draw_draft(sampler, logits, j, drafts, draft_probs, confidence, caps):
+                return j + 1
+        return self.num_speculative_tokens
 
     def _propose_with_draft(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
-                            positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor) -> None:
+                            positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
+                            confidence: torch.Tensor, caps: torch.Tensor) -> int:
         """The Llama draft: catch up on uncached tokens (the last one, or the last two after a fully accepted
-        round), then one forward per proposed token."""
+        round), then one forward per proposed token. Returns the proposals made per row."""
         g, b = self.num_speculative_tokens, len(seqs)
         lengths = [s.length for s in seqs]
         one_each = self._all_valid(b, 1)
@@ -209,14 +234,18 @@ class SpeculativeDecoder:
         else:
             hidden = self.draft.forward_chunks(states, [s.token_ids[s.draft.num_computed:] for s in seqs])
         logits = self.draft.logits(hidden[:, -1:])  # [B, 1, V]
+        made = g
         for j in range(g):
             if j > 0:
                 hidden = self.draft.forward(ids[:, j:j + 1], positions[:, j:j + 1], one_each, tables,
                                             meta=metas[j], states=states)
                 logits = self.draft.logits(hidden)
-            drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
-        for s in seqs:
-            s.draft.num_computed = s.length + g - 1
+            if not self._draw_draft(sampler, logits, j, drafts, draft_probs, confidence, caps):
+                made = j + 1
+                break
+        for s in seqs:  # it has fed the last token and the drafts before the last one
+            s.draft.num_computed = s.length + made - 1
+        return made
 
     def _all_valid(self, rows: int, tokens: int) -> torch.Tensor:
         """Bool[rows, tokens] of True (read-only; one per shape, made once)."""
@@ -234,11 +263,12 @@ class SpeculativeDecoder:
         return torch.Generator(device=generator.device).manual_seed(seed)
 
     def _verify(self, seqs, row_gammas, sampler, drafts, draft_probs, target_probs):
-        """Run each row's acceptance rule, up to its own γ, with the row's generator; rows sharing rule and γ
+        """Run each row's acceptance rule, up to its own length γ_i (drafts: [B, g] with g ≥ every γ_i),
+        with the row's generator; rows sharing rule and γ
         share one call (rules with `row_draws` take their rows' generators together, others one call per
         generator). A row with γ_i < γ is verified on its first γ_i drafts, and q at position γ_i is its
         bonus distribution, so it decodes exactly as an engine run at γ_i would in distribution."""
-        g = self.num_speculative_tokens
+        g = drafts.shape[1]
         rules: dict[int, AcceptanceRule] = {}
         groups: dict[tuple[int, int, int], list[int]] = {}
         for i, (s, row_gamma, gen) in enumerate(zip(seqs, row_gammas, sampler.generators, strict=True)):

@@ -44,6 +44,9 @@ class ServerSettings:
     acceptance: str = _opt(TTSConfig.acceptance,
                            "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
     num_speculative_tokens: int = _opt(TTSConfig.num_speculative_tokens, "draft length γ (0 = target only)")
+    draft_confidence: float = _opt(TTSConfig.draft_confidence, "θ: a row drafts its next token only while "
+                                   "the draft gave its last proposal at least this probability, so γ is "
+                                   "the most it drafts (builtin engine; 0 = always γ)")
     speculation: str = _opt(TTSConfig.speculation, "auto: per engine step, speculate or decode with the "
                             "target alone, whichever measured faster at that batch size; always: every step "
                             "speculates (seeded requests speculate on every step either way)")

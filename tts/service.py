@@ -63,6 +63,7 @@ class TTSConfig:
     engine: str = "builtin"
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
+    draft_confidence: float = EngineConfig.draft_confidence  # θ of the confidence-following draft length
     # "auto": the engine speculates on a step only when that measured faster at its batch size;
     # "always": every step. Seeded requests speculate on every step either way (reproducible audio).
     speculation: str = "auto"
@@ -94,6 +95,9 @@ def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechF
     has no place for, so such a family is refused here with the reason."""
     from pcgtts.engine.vllm.engine import VllmEngine, VllmOptions
 
+    if engine_config.draft_confidence:
+        raise ValueError("--draft-confidence is a builtin-engine setting: vLLM drafts its fixed γ for every "
+                         "request (serve without it, or with --engine builtin)")
     try:
         probe = family.build_prompt("hello", None)
     except ValueError:
@@ -159,6 +163,7 @@ class TTSService:
             asg_table=asg,
             extra_asg_tables=bundle.extra_asg_tables | dict(config.extra_asg_tables),
             num_speculative_tokens=config.num_speculative_tokens if use_draft else 0,
+            draft_confidence=config.draft_confidence,
             speculation=config.speculation,
             device=config.device,
             kv_budget_tokens=config.kv_budget_tokens,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from engine_support import engine_config, hf_model, save_draft_from, save_feature_head, save_tiny_llama
 from pcgtts.engine import Engine, SamplingParams
+from pcgtts.engine.draft_length import confident_lengths, still_drafting
 from pcgtts.engine.speech.base import DecodeConstraint
 from scipy.stats import chisquare
 
@@ -260,3 +261,54 @@ def test_a_rows_probabilities_and_draws_do_not_depend_on_its_batch_mates_setting
         got = run(params, rows, place)
         assert all(torch.equal(a, b) for a, b in zip(got, alone, strict=True)), place
     assert bool((alone[2][:, vocab // 2:] > 0).any())  # the tail is there to be cut
+
+
+def test_confident_lengths_stop_after_the_first_unsure_proposal():
+    confidence = torch.tensor([[0.9, 0.9, 0.9, 0.9], [0.9, 0.2, 0.9, 0.9], [0.1, 0.9, 0.9, 0.9],
+                               [0.9, 0.9, 0.9, 0.9]])
+    caps = torch.tensor([4, 4, 4, 2])
+    assert confident_lengths(confidence, caps, 0.5).tolist() == [4, 2, 1, 2]
+    assert confident_lengths(confidence, caps, 0.0).tolist() == [4, 4, 4, 2]  # θ = 0: every row its γ
+    assert still_drafting(confidence[:, :2], caps, 0.5)  # row 0 goes on
+    assert not still_drafting(confidence[1:3, :2], caps[1:3], 0.5)
+    assert not still_drafting(confidence[3:, :2], caps[3:], 0.0)  # at its cap
+
+
+@pytest.mark.parametrize("kind", ["llama", "feature-head"])
+@pytest.mark.parametrize("setting", ["topp", "penalty+constraint"])
+def test_confidence_following_draft_length_keeps_target_distribution(models, tmp_path, kind, setting):
+    """Rows stop drafting where the draft is unsure (θ near the median confidence, so lengths 1..γ all
+    occur); the emitted tokens still follow the target."""
+    target = models[0]
+    draft = models[1] if kind == "llama" else save_feature_head(target, tmp_path / "head")
+    params = SETTINGS[setting]
+    engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, draft_confidence=0.3,
+                                  max_num_seqs=256, max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4,
+                                  seed=13))
+    counts = empirical_joint(engine, replace(params, max_tokens=3), n=3000)
+    assert chi2_pvalue(counts, reference_joint(target, params)) > ALPHA
+    m = engine.metrics()
+    assert m.spec_num_drafts < m.spec_drafted_tokens < 3 * m.spec_num_drafts  # lengths vary between 1 and γ
+    assert m.spec_drafted_per_position[0] == m.spec_num_drafts > m.spec_drafted_per_position[2] > 0
+    assert sum(m.spec_drafted_per_position) == m.spec_drafted_tokens
+    assert m.spec_accepted_per_position[2] > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "feature-head"])
+def test_confidence_following_draft_length_reproduces_seeded_requests_whatever_shares_the_batch(
+        models, tmp_path, kind):
+    """How far the batch drafts depends on every row's confidence; a seeded row's tokens do not."""
+    draft = models[1] if kind == "llama" else save_feature_head(models[0], tmp_path / "head")
+    engine = Engine(engine_config(models[0], draft=draft, num_speculative_tokens=4, draft_confidence=0.4,
+                                  seed=1))
+    params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
+    alone = engine.generate([PROMPT], params)[0]
+    others = [SamplingParams(temperature=t, max_tokens=n) for t, n in ((0.3, 5), (1.0, 30), (0.2, 12))]
+    crowd = engine.generate([[5, 6], PROMPT, [7, 7, 7], [1]], [others[0], params, others[1], others[2]])
+    assert crowd[1].token_ids == alone.token_ids
+    assert alone.num_steps < len(alone.token_ids)  # it speculated
+
+
+def test_draft_confidence_outside_zero_one_is_refused(models):
+    with pytest.raises(ValueError, match="draft_confidence"):
+        Engine(engine_config(models[0], draft=models[1], draft_confidence=1.5))

@@ -1,0 +1,34 @@
+"""`pcgtts bench draft-length` end to end on a tiny bundle: fixed γ against confidence-following lengths."""
+
+from __future__ import annotations
+
+import json
+
+from server_support import build_tiny_bundle
+
+from pcgtts.cli import main as pcgtts_main
+
+
+def test_draft_length_rows_count_what_each_setting_drafted(tmp_path):
+    bundle = build_tiny_bundle(tmp_path / "bundle")
+    out = tmp_path / "out"
+    code = pcgtts_main(["bench", "draft-length", "--model", str(bundle), "--out", str(out),
+                        "--rules", "exact", "--settings", "3:0", "6:0.5", "--batch-sizes", "1", "2", "--repeats", "1",
+                        "--max-tokens", "40"])
+    assert code == 0
+    result = json.loads((out / "draft_length.json").read_text())
+    assert result["machine"]["cpu"] and result["command"]
+    rows = {(r["rule"], r["num_speculative_tokens"], r["draft_confidence"], r["batch"]): r
+            for r in result["rows"]}
+    assert len(rows) == 6 and (out / "draft_length.png").stat().st_size > 0
+    for batch in (1, 2):
+        assert rows[("target-only", 0, 0.0, batch)]["tokens_per_verify_step"] == 1.0
+        fixed, follows = rows[("exact", 3, 0.0, batch)], rows[("exact", 6, 0.5, batch)]
+        assert fixed["mean_draft_length"] == 3.0  # θ = 0: every speculative step drafts γ
+        assert 1.0 <= follows["mean_draft_length"] <= 6.0
+        for row, gamma in ((fixed, 3), (follows, 6)):
+            drafted = row["drafted_per_position"]
+            assert len(drafted) == gamma and drafted == sorted(drafted, reverse=True)  # lengths, not holes
+            assert 1.0 <= row["tokens_per_verify_step"] <= gamma + 1
+            survival = [a for a in row["acceptance_by_position"] if a is not None]
+            assert all(0.0 <= a <= 1.0 for a in survival)
