@@ -13,8 +13,8 @@ def test_draft_length_rows_count_what_each_setting_drafted(tmp_path):
     bundle = build_tiny_bundle(tmp_path / "bundle")
     out = tmp_path / "out"
     code = pcgtts_main(["bench", "draft-length", "--model", str(bundle), "--out", str(out),
-                        "--rules", "exact", "--settings", "3:0", "6:0.5", "--batch-sizes", "1", "2", "--repeats", "1",
-                        "--max-tokens", "40"])
+                        "--rules", "exact", "--settings", "3:0", "6:0.5", "--batch-sizes", "1", "2",
+                        "--repeats", "1", "--max-tokens", "40"])
     assert code == 0
     result = json.loads((out / "draft_length.json").read_text())
     assert result["machine"]["cpu"] and result["command"]
