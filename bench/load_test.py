@@ -9,7 +9,11 @@ the first byte, plays at 24 kHz and waits whenever it runs dry; its stall is the
 **Real-time capacity** is the largest level at which p95 TTFA <= 1.0 s and p95 stall <= 0.2 s (the sweep
 stops at the first level that misses, unless --full). Levels run in one session against one server, so
 their ratios are comparable. Writes `load.json` (one row per level: TTFA p50/p95/p99, stall p50/p95/p99,
-RTF p50/p95, aggregate audio-seconds per second, acceptance, prefix-cache hit rate) and `load.png`.
+RTF p50/p95, aggregate audio-seconds per second, server CPU seconds per audio second and its inverse,
+acceptance, prefix-cache hit rate), the machine's identity, and `at_capacity`: the row of the capacity
+level, whose audio seconds per server CPU-second is the figure that travels between machines of different
+speed better than the capacity itself (on a 2-core machine, capacity is bounded by twice it); and
+`load.png`.
 
     pcgtts bench load --out bench/results/load
     pcgtts bench load --concurrency 1 4 8 12 16 --full --out bench/results/load
@@ -21,15 +25,14 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 from pcgtts.bench.common import machine, ratio, write_json
+from pcgtts.bench.served import OUTPUT_RATE, quantile, stall_events, stall_seconds, start_server
 
-OUTPUT_RATE = 24000
 TTFA_SLO_S = 1.0  # p95 time to first audio at a level that counts as real time
 STALL_SLO_S = 0.2  # p95 total stall per stream at such a level
 DEFAULT_LEVELS = [1, 4, 8, 10, 12, 14, 16, 20, 24]
@@ -64,28 +67,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ------------------------------------------------------------------------------------------ one request
-def stall_seconds(arrivals: list[tuple[float, int]], rate: int = OUTPUT_RATE) -> float:
-    """Total time a player waits when it starts at the first byte, plays 16-bit mono at `rate` and pauses
-    whenever its buffer runs dry. arrivals: (seconds since sent, bytes), in order."""
-    return sum(wait for _, _, wait in stall_events(arrivals, rate))
-
-
-def stall_events(arrivals: list[tuple[float, int]],
-                 rate: int = OUTPUT_RATE) -> list[tuple[int, float, float]]:
-    """Where that player waits: (index of the chunk it waited for, seconds of audio played before, wait)."""
-    if not arrivals:
-        return []
-    clock = arrivals[0][0]  # when the buffered audio runs out
-    played, events = 0.0, []
-    for i, (t, n) in enumerate(arrivals):
-        if t > clock:
-            events.append((i, round(played, 3), t - clock))
-            clock = t
-        clock += n / 2 / rate
-        played += n / 2 / rate
-    return events
-
-
 async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
     sent = time.perf_counter()
     arrivals: list[tuple[float, int]] = []  # (seconds since sent, bytes)
@@ -143,8 +124,9 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dic
     # CPU seconds the server spent per second of audio: unlike wall-clock rates this barely moves when
     # other jobs share the machine, so it compares builds measured on a busy machine (2 / it bounds the
     # real-time streams two idle cores could carry).
-    row["server_cpu_s_per_audio_s"] = _round((cpu_after - cpu_before) / row["audio_s"]
-                                             if cpu_before is not None and row["audio_s"] else None)
+    cpu = cpu_after - cpu_before if cpu_before is not None else None
+    row["server_cpu_s_per_audio_s"] = _round(ratio(cpu, row["audio_s"]))
+    row["audio_s_per_server_cpu_s"] = _round(ratio(row["audio_s"], cpu))
     return row
 
 
@@ -177,14 +159,6 @@ async def scrape(client: httpx.AsyncClient) -> dict[str, float]:
             if key is not None:
                 out[key] = out.get(key, 0.0) + sample.value
     return out
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    """Nearest-rank quantile (no interpolation: with few requests p95 is a real request's value)."""
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, -(-int(q * 1000) * len(values) // 1000) - 1))]
 
 
 def summarize(concurrency: int, ok: list[dict], failed: int, wall: float) -> dict:
@@ -224,32 +198,6 @@ def _round(x: float | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------- the sweep
-def start_server(args: argparse.Namespace, data_dir: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "pcgtts.cli", "serve", "--port", str(port), "--data-dir", str(data_dir),
-           "--log-level", "warning", *args.server_arg]
-    if args.model:
-        cmd += ["--model", args.model]
-    process = subprocess.Popen(cmd, env=os.environ.copy())
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"server exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    process.terminate()
-    raise SystemExit("server did not become ready")
-
-
 def print_table(rows: list[dict]) -> None:
     print(f"{'conc':>4} {'reqs':>4} {'TTFA p50':>8} {'p95':>6} {'p99':>6} {'stall p50':>9} {'p95':>6} "
           f"{'RTF p50':>7} {'audio s/s':>9} {'cpu/audio':>9} {'accept':>6} {'prefix':>6}  real time")
@@ -320,14 +268,19 @@ def main(args: argparse.Namespace) -> int:
     print_table(rows)
     cli = sys.argv[1:3] == ["bench", "load"]  # `pcgtts bench load` vs `python -m ...`
     command = "pcgtts bench load " + " ".join(sys.argv[3 if cli else 1:])
-    report = {"command": command, "capacity": capacity(rows),
+    best = capacity(rows)
+    report = {"command": command, "capacity": best,
+              "at_capacity": next((r for r in rows if r["concurrency"] == best), None),
               "targets": {"ttfa_p95_s": TTFA_SLO_S, "stall_p95_s": STALL_SLO_S},
               "machine": machine(), "model": model,
               "format": args.format, "acceptance": args.acceptance, "server_args": args.server_arg,
               "rows": rows}
     write_json(args.out / "load.json", report)
     plot(report, args.out / "load.png")
-    print(f"real-time capacity: {report['capacity']} streams; wrote {args.out / 'load.json'}, load.png")
+    at = report["at_capacity"]
+    per_cpu = f", {_f(at['audio_s_per_server_cpu_s'])} s of audio per server CPU-second there" if at else ""
+    print(f"real-time capacity: {best} streams{per_cpu} ({report['machine']['cpu']}, "
+          f"{report['machine']['cores']} cores); wrote {args.out / 'load.json'}, load.png")
     return 0
 
 

@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 from pcgtts.bench.common import machine as machine_record
 from pcgtts.bench.common import write_json
-from pcgtts.bench.load_test import quantile, stall_seconds, start_server
+from pcgtts.bench.served import quantile, stall_seconds, start_server
 
 OUTPUT_RATE = 24000
 TARGET_S = 0.5  # the bound on first audio after the first sentence's final character (p50)

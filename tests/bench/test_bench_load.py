@@ -1,8 +1,16 @@
-"""pcgtts bench load's measures: the player's stall, nearest-rank quantiles, and real-time capacity."""
+"""pcgtts bench load's measures: the player's stall, nearest-rank quantiles, and real-time capacity; and
+one sweep end to end."""
 
 from __future__ import annotations
 
-from pcgtts.bench.load_test import capacity, quantile, stall_seconds, summarize
+import json
+
+import pytest
+from pcgtts.bench.load_test import capacity, summarize
+from pcgtts.bench.served import quantile, stall_seconds
+from server_support import build_tiny_bundle
+
+from pcgtts.cli import main as pcgtts_main
 
 RATE = 24000
 SECOND = 2 * RATE  # bytes of one second of 16-bit mono audio
@@ -36,3 +44,24 @@ def test_capacity_is_the_largest_level_meeting_both_targets_with_all_below_it():
     assert capacity([level(1, 0.3, 0.25)]) == 0
     assert not level(2, 0.3, 0.0, failed=1)["real_time"]
     assert rows[1]["audio_s_per_wall_s"] == 4.0 and rows[1]["ttfa_p95_s"] == 0.6
+
+
+def test_a_sweep_against_a_started_server_reports_capacity_with_its_machine_and_cpu_cost(tmp_path):
+    """`pcgtts bench load` end to end: it starts `pcgtts serve` on a tiny bundle, streams from it, and its
+    report names the machine and, per level, audio seconds per server CPU-second (the capacity level's row
+    again as `at_capacity`)."""
+    bundle = build_tiny_bundle(tmp_path / "bundle")
+    out = tmp_path / "out"
+    assert pcgtts_main(["bench", "load", "--model", str(bundle), "--concurrency", "1", "2",
+                        "--per-client", "1", "--full", "--out", str(out)]) == 0
+    report = json.loads((out / "load.json").read_text())
+    assert report["machine"]["cpu"] and report["machine"]["cores"] >= 1
+    assert [r["concurrency"] for r in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        assert row["failed"] == 0 and row["audio_s"] > 0
+        assert row["audio_s_per_server_cpu_s"] > 0  # the server process's own CPU time was read
+        assert row["audio_s_per_server_cpu_s"] * row["server_cpu_s_per_audio_s"] == pytest.approx(1, rel=0.01)
+    at = report["at_capacity"]
+    assert (at is None) == (report["capacity"] == 0)
+    if at is not None:
+        assert at == next(r for r in report["rows"] if r["concurrency"] == report["capacity"])
