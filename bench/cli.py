@@ -19,6 +19,7 @@ BENCHMARKS = {
     "groups": ("groups", "ASGs: swap test and PCG decoding, WER and similarity"),
     "voice-agent": ("voice_agent", "WebSocket sentence mode: first audio while an LLM still writes"),
     "invariance": ("batch_invariance", "where a row's numbers depend on its batch mates, op by op"),
+    "profile": ("profile", "where a batched engine step's time goes, per phase and batch size"),
     "draft-length": ("draft_length", "draft length that follows confidence vs fixed γ: tokens per step"),
 }
 

@@ -154,10 +154,11 @@ def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, li
 def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int = 3,
                   decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
                   compile_cache_dir: Path | None = None, deterministic: str | None = None,
-                  draft_confidence: float = 0.0) -> Engine:
+                  draft_confidence: float = 0.0, max_num_seqs: int | None = None) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (PCG over the bundle's ASG table). deterministic: EngineConfig.deterministic (None: its
-    default); draft_confidence: EngineConfig's θ (num_speculative_tokens is then the most a row drafts)."""
+    default); draft_confidence: EngineConfig's θ (num_speculative_tokens is then the most a row drafts);
+    max_num_seqs: the batch it may run (None: EngineConfig's)."""
     from pcgtts.engine import Engine, EngineConfig
 
     spec = rule != "target-only"
@@ -166,4 +167,5 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
         acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
         num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
         decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir, draft_confidence=draft_confidence,
-        **({} if deterministic is None else {"deterministic": deterministic})))
+        **({} if deterministic is None else {"deterministic": deterministic}),
+        **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs})))
