@@ -155,14 +155,16 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
                   decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
                   compile_cache_dir: Path | None = None, deterministic: str | None = None) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
-    `rule` (PCG over the bundle's ASG table). deterministic: EngineConfig.deterministic (None: its
-    default)."""
+    `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
+    EngineConfig.deterministic (None: its default)."""
     from pcgtts.engine import Engine, EngineConfig
+    from pcgtts.engine.acceptance import uses_asg_table
 
     spec = rule != "target-only"
     return Engine(EngineConfig(
         target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
-        acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
+        acceptance=rule if spec else "exact",
+        asg_table=bundle.asg_table if spec and uses_asg_table(rule) else None,
         num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
         decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir,
         **({} if deterministic is None else {"deterministic": deterministic})))

@@ -1,7 +1,7 @@
-"""Block verification (Sun, Mendlovic, Leviathan, Aharoni, Beirami, Ro, Suresh; ICLR 2025), q = target,
-p = draft: the draft block is accepted jointly instead of token by token. The emitted tokens are distributed
-exactly as q, and the expected number accepted is at least that of token-level verification (`exact`) on
-every draft block.
+"""Block verification (Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025),
+q = target, p = draft: the draft block is accepted jointly instead of token by token. The emitted tokens are
+distributed exactly as q, and the expected number accepted (over the drafts) is at least that of token-level
+verification (`exact`); for a given draft block it can be smaller.
 
 Per row, with the running weight w_0 = 1, w_j = min(w_{j-1} q_{j-1}(x_{j-1}) / p_{j-1}(x_{j-1}), 1) after
 j drafts (the clipped joint likelihood ratio of the prefix) and the residual mass r_j = Σ_x [w_j q_j(x) -

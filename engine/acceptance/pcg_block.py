@@ -35,7 +35,8 @@ class PCGBlockRule(PCGRule):
     def __init__(self, table: ASGTable | str, residual: str = "enumerate"):
         """residual: only "enumerate" (Q_c, P_c over all groups); thinning has no block form here."""
         if residual != "enumerate":
-            raise ValueError(f"pcg-block enumerates the groups' masses; residual={residual!r} is not supported")
+            raise ValueError(f"pcg-block enumerates the groups' masses; residual={residual!r} is not "
+                             "supported")
         super().__init__(table, residual="enumerate")
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
