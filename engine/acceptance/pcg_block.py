@@ -9,10 +9,11 @@ is then Q_c(K)/P_c(K), whatever x, and block verification over pairs is block ve
   bonus is a plain sample of q (label -1), as PCG's: the pair (K', x) ~ Q_c(K) q(x|K) has x ~ q.
 So the emitted labels are distributed, jointly over the block, as the target's coarse law (each label ~ Q_c
 given the emitted prefix), the group-level guarantee PCG gives; within a group the token follows p (q
-where p has no mass in the group). With all-singleton groups this is `block` draw for draw.
+where p has no mass in the group). With all-singleton groups this is `block`'s torch form draw for draw.
 
 Q_c and P_c are enumerated over all groups at every position (O(nnz) per position and row: cheap for the
-bundles' tables; there is no thinning form, so Llasa-size tables with real groups cost more than `pcg`).
+bundles' tables; there is no thinning form, so Llasa-size tables with real groups cost more than `pcg`),
+with engine/ops/verify.py's block steps as torch ops (no compiled twin yet).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from __future__ import annotations
 import torch
 from pcgtts.asg_tables.table import ASGTable
 from pcgtts.engine.acceptance.base import assemble, check_shapes
-from pcgtts.engine.acceptance.block import residual_rows, running_weights, stop_position, weighted_excess
 from pcgtts.engine.acceptance.pcg import PCGRule
 from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
 from pcgtts.engine.acceptance.verdict import Verdict
+from pcgtts.engine.ops.verify import residual_rows, running_weights, stop_position, weighted_excess
 
 
 class PCGBlockRule(PCGRule):

@@ -1,10 +1,12 @@
-"""The verify of one speculation round: coarse over ASG groups (PCG) and token-level (exact), each a Twin.
+"""The verify of one speculation round: coarse over ASG groups (PCG), token-level (exact) and block
+verification (block, engine/acceptance/block.py), each a Twin.
 
 Shapes as in engine.acceptance: draft_tokens Long[B, γ], draft_probs Float[B, γ, V] (p), target_probs
 Float[B, γ+1, V] (q), u: the call's VerifyUniforms (engine.acceptance.sampling), drawn by the rule.
 
     GROUP_VERIFY   form(layout, draft_tokens, draft_probs, target_probs, u) -> Verdict   (PCG, enumerated)
     TOKEN_VERIFY   form(draft_tokens, draft_probs, target_probs, u) -> Verdict           (exact)
+    BLOCK_VERIFY   form(draft_tokens, draft_probs, target_probs, u) -> Verdict           (block)
 
 PCG per row (w_{k,t} = 1/N(t), P_c / Q_c the coarse-grained p / q; paper's Algorithm 1):
   for i < γ: K_i = the ⌊u_i·N(x_i)⌋-th group of S(x_i); accept while frac(u_i·N(x_i))·P_c(G_K) < Q_c(G_K);
@@ -322,3 +324,122 @@ def token_verify_compiled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
 
 
 TOKEN_VERIFY = Twin(torch=token_verify_torch, compiled=token_verify_compiled)
+
+
+# ---- block verification ------------------------------------------------------------------------------------
+# The torch steps, also run over ASG group labels (X = groups) by engine/acceptance/pcg_block.py.
+def running_weights(target_mass: torch.Tensor, draft_mass: torch.Tensor) -> torch.Tensor:
+    """w [B, γ+1] (float64) from the drafts' target and draft masses [B, γ]: w_0 = 1, w_{j+1} = min(w_j ·
+    target_mass_j / draft_mass_j, 1). A draft mass of 0 (a draft the draft could not have made) keeps any
+    positive weight at 1, as the ratio test accepts such a token iff its target mass is positive."""
+    q, p = target_mass.double(), draft_mass.double()
+    weights = [torch.ones_like(q[:, 0])]
+    for j in range(q.shape[1]):
+        scaled = weights[-1] * q[:, j]
+        weights.append(torch.where(scaled >= p[:, j], 1.0, scaled / p[:, j].clamp(min=1e-300)) * (scaled > 0))
+    return torch.stack(weights, dim=1)
+
+
+def weighted_excess(weights: torch.Tensor, target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """w_j q_j - p_j at every position, [B, γ+1, X] float32 (p = 0 at the bonus slot j = γ), from
+    weights [B, γ+1], target [B, γ+1, X] and draft [B, γ, X] (X: tokens, or groups for pcg-block)."""
+    excess = target.float() * weights[:, :, None].float()
+    excess[:, :-1] -= draft.float()
+    return excess
+
+
+def stop_position(weights: torch.Tensor, excess: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
+    """τ Long[B]: the last j in 1..γ with eta_{j-1} < h_j (0 if none), from weights [B, γ+1], the weighted
+    excess [B, γ+1, X] and uniforms eta Float64[B, γ]. The tests are written without division, so that
+    h_j = 0/0 (w_j = 1 with p_j = q_j: nothing left to draw there) marks nothing."""
+    g = eta.shape[1]
+    if g == 0:
+        return torch.zeros(eta.shape[0], dtype=torch.long, device=eta.device)
+    mass = excess[:, 1:g].clamp(min=0.0).sum(-1).double()  # r_j for j = 1..γ-1: [B, γ-1]
+    inner = eta[:, :g - 1] * (mass + 1.0 - weights[:, 1:g]) < mass  # η < r / (r + 1 - w)
+    marked = torch.cat([inner, (eta[:, g - 1] < weights[:, g])[:, None]], dim=1)  # [B, γ]
+    return (marked.long() * torch.arange(1, g + 1, device=eta.device)).amax(dim=1)
+
+
+def residual_rows(excess: torch.Tensor, target: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """[w_τ q_τ - p_τ]_+ of each row, [B, X] float32, or q_τ where that vanishes (only through rounding: a
+    position with no residual mass is never marked, and τ = 0 has mass unless p_0 = q_0, which marks a
+    later position surely)."""
+    rows = torch.arange(excess.shape[0], device=excess.device)
+    residual = excess[rows, tau].clamp_(min=0.0)
+    empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
+    if empty.numel():
+        residual[empty] = target[empty, tau[empty]].float()
+    return residual
+
+
+def block_verify_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                       u: VerifyUniforms) -> Verdict:
+    g = draft_tokens.shape[1]
+    weights = running_weights(token_probs(target_probs[:, :g], draft_tokens),
+                              token_probs(draft_probs, draft_tokens))  # [B, γ+1]
+    excess = weighted_excess(weights, target_probs, draft_probs)  # [B, γ+1, V]
+    tau = stop_position(weights, excess, u.accept)
+    return assemble(draft_tokens, tau, sample_rows(residual_rows(excess, target_probs, tau), None, u=u.emit))
+
+
+@cpu_kernel("void(int64[:, ::1], float32[:, :, ::1], float32[:, :, ::1], float64[:, ::1], float64[::1], "
+            "int64[:, ::1], int64[::1])")
+def _block_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, tokens, num_accepted):
+    """Fills tokens [B, γ+1] (the kept drafts, the emitted token, -1 after) and num_accepted [B] = τ. The
+    weighted excess w·q - p is formed in float32 as the torch ops form it (its masses summed in float64)."""
+    b_rows, gamma = draft_tokens.shape
+    vocab = target_probs.shape[2]
+    weights = np.empty(gamma + 1, dtype=np.float64)
+    residual = np.empty(vocab, dtype=np.float64)
+    for b in range(b_rows):
+        w = 1.0
+        weights[0] = 1.0
+        tau = 0
+        for j in range(gamma):
+            x = draft_tokens[b, j]
+            p_x = np.float64(draft_probs[b, j, x])
+            scaled = w * np.float64(target_probs[b, j, x])
+            w = 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_x else scaled / p_x)
+            weights[j + 1] = w
+            if j + 1 < gamma:  # mark j+1 with probability r / (r + 1 - w)
+                w32 = np.float32(w)
+                mass = 0.0
+                for t in range(vocab):
+                    excess = target_probs[b, j + 1, t] * w32 - draft_probs[b, j + 1, t]
+                    if excess > 0:
+                        mass += excess
+                if u_accept[b, j] * (mass + 1.0 - w) < mass:
+                    tau = j + 1
+            elif u_accept[b, j] < w:
+                tau = gamma
+        w32 = np.float32(weights[tau])
+        total = 0.0
+        for t in range(vocab):
+            excess = target_probs[b, tau, t] * w32
+            if tau < gamma:
+                excess = excess - draft_probs[b, tau, t]
+            residual[t] = excess if excess > 0 else 0.0
+            total += residual[t]
+        if total <= 0.0:  # only through rounding (see residual_rows): draw from q there
+            for t in range(vocab):
+                residual[t] = target_probs[b, tau, t]
+        tokens[b, :] = -1
+        for j in range(tau):
+            tokens[b, j] = draft_tokens[b, j]
+        tokens[b, tau] = draw_index(residual, u_emit[b])
+        num_accepted[b] = tau
+
+
+def block_verify_compiled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                          u: VerifyUniforms) -> Verdict:
+    b, g = draft_tokens.shape
+    tokens = torch.empty(b, g + 1, dtype=torch.long)
+    num_accepted = torch.empty(b, dtype=torch.long)
+    _block_rows(draft_tokens.long().contiguous().numpy(), draft_probs.float().contiguous().numpy(),
+                target_probs.float().contiguous().numpy(), u.accept.numpy(), u.emit.numpy(), tokens.numpy(),
+                num_accepted.numpy())
+    return Verdict(tokens, num_accepted, lambda: torch.full_like(tokens, -1))
+
+
+BLOCK_VERIFY = Twin(torch=block_verify_torch, compiled=block_verify_compiled)

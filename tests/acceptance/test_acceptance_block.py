@@ -16,9 +16,12 @@ import torch
 from acceptance_support import Z_MAX, chi2_pvalue, perturbed, random_dist, z_score
 from pcgtts.asg_tables import ASGTable
 from pcgtts.engine.acceptance import make_rule
+from pcgtts.engine.ops import TORCH_OPS, Ops
 
 GAMMA = 3
 ALPHA = 1e-3  # the chi-square tests pass at p > 0.001
+# block's compiled CPU loop (the default on CPU) and its torch ops (CUDA's, and pcg-block's steps)
+PATHS = pytest.mark.parametrize("ops", [Ops(compiled=True), TORCH_OPS], ids=["compiled", "torch-ops"])
 
 
 class PrefixModels:
@@ -85,12 +88,13 @@ def z_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ---- block -------------------------------------------------------------------------------------------------
+@PATHS
 @pytest.mark.parametrize("closeness", [0.3, 0.8])
-def test_block_completed_by_the_target_follows_the_target_joint(closeness):
+def test_block_completed_by_the_target_follows_the_target_joint(closeness, ops):
     """V=3, γ=3: the 81 sequences of γ+1 tokens (the bonus slot included), 60,000 blocks."""
     models, rows = PrefixModels(3, seed=10, closeness=closeness), 60_000
     drafts, draft_probs, target_probs = models.block(rows, seed=1)
-    verdict = verify(make_rule("block"), drafts, draft_probs, target_probs, seed=2)
+    verdict = verify(make_rule("block", ops=ops), drafts, draft_probs, target_probs, seed=2)
     sequences = complete_with_target(models, verdict.tokens, verdict.num_emitted, GAMMA + 1, seed=3)
     joint = models.target_joint(GAMMA + 1)
     assert chi2_pvalue(sequences, joint) > ALPHA
@@ -115,11 +119,12 @@ def token_level_expected_accepted(models: PrefixModels) -> float:
     return total
 
 
+@PATHS
 @pytest.mark.parametrize("closeness", [0.3, 0.8])
-def test_block_accepts_at_least_as_many_as_exact_on_the_same_blocks(closeness):
+def test_block_accepts_at_least_as_many_as_exact_on_the_same_blocks(closeness, ops):
     models, rows = PrefixModels(3, seed=20, closeness=closeness), 100_000
     drafts, draft_probs, target_probs = models.block(rows, seed=4)
-    block = verify(make_rule("block"), drafts, draft_probs, target_probs, seed=5).num_accepted
+    block = verify(make_rule("block", ops=ops), drafts, draft_probs, target_probs, seed=5).num_accepted
     exact = verify(make_rule("exact"), drafts, draft_probs, target_probs, seed=5).num_accepted
     assert abs(z_score(exact, token_level_expected_accepted(models))) < Z_MAX  # exact as its closed form
     assert z_difference(block, exact) > -Z_MAX
@@ -252,8 +257,8 @@ def test_pcg_block_accepts_strictly_more_than_pcg_where_the_coarse_ratio_alterna
 
 @pytest.mark.parametrize("vocab", [3, 1500])  # 1,500: the two-level sampler's path too
 def test_pcg_block_over_singletons_is_block_draw_for_draw(vocab):
-    """Group k = {k}: the labels are the tokens, and pcg-block draws what block draws (and one uniform
-    more per row, for the token inside the group, after block's): identical verdicts."""
+    """Group k = {k}: the labels are the tokens, and pcg-block draws what block's torch form draws (and one
+    uniform more per row, for the token inside the group, after block's): identical verdicts."""
     if vocab == 3:
         drafts, draft_probs, target_probs = PrefixModels(3, seed=50).block(20_000, seed=15)
     else:
@@ -265,7 +270,7 @@ def test_pcg_block_over_singletons_is_block_draw_for_draw(vocab):
                                    generator=torch.Generator().manual_seed(16)).view(rows, GAMMA)
     got = verify(make_rule("pcg-block", table=ASGTable.from_groups([], vocab)), drafts, draft_probs,
                  target_probs, seed=17)
-    want = verify(make_rule("block"), drafts, draft_probs, target_probs, seed=17)
+    want = verify(make_rule("block", ops=TORCH_OPS), drafts, draft_probs, target_probs, seed=17)
     assert 0 < int((got.num_accepted < GAMMA).sum()) < got.num_accepted.numel()  # both branches ran
     assert torch.equal(got.num_accepted, want.num_accepted)
     assert torch.equal(got.tokens, want.tokens)

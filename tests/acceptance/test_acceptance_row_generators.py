@@ -46,7 +46,8 @@ RULE_SPECS = {
     "topk": ("topk", {"k": 3}), "lantern": ("lantern", {"k": 4, "delta": 0.2, "table": "groups"}),
     "pcg": ("pcg", {"table": "groups", "residual": "enumerate"}),
     "pcg-torch": ("pcg", {"table": "groups", "residual": "enumerate", "ops": TORCH_OPS}),
-    "block": ("block", {}), "pcg-block": ("pcg-block", {"table": "groups"}),
+    "block": ("block", {}), "block-torch": ("block", {"ops": TORCH_OPS}),
+    "pcg-block": ("pcg-block", {"table": "groups"}),
 }
 
 

@@ -13,6 +13,7 @@ from pcgtts.engine.ops import COMPILED_MAX_V, TORCH_OPS, Ops, Twin
 from pcgtts.engine.ops.marker_merge import MARKER_MERGE
 from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.ops.verify import (
+    BLOCK_VERIFY,
     GROUP_VERIFY,
     TOKEN_VERIFY,
     GroupLayout,
@@ -135,6 +136,24 @@ def test_token_verify_forms_agree():
             want, got = both_forms(TOKEN_VERIFY, lambda: (drafts, p, q, u))  # noqa: B023
             assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
             assert bool((got.groups == -1).all())  # token-level: no group labels
+            seen |= set(got.num_accepted.tolist())
+    assert seen == set(range(gamma + 1))
+
+
+def test_block_verify_forms_agree():
+    """Same uniforms, same verdicts, at the demo vocabulary and a small one: the loop forms the weighted
+    excess in float32 as the torch ops do; only its masses are summed in another order (float64 in the
+    loop), which could move a stop test landing within rounding of its threshold (never here). Calls of 32
+    rows: one cumulative sum per residual draw in both forms."""
+    rows, gamma, seen = 32, 3, set()
+    gen = torch.Generator().manual_seed(4)
+    for vocab in (12, 1200):
+        for step in range(150):
+            drafts, p, q = verify_inputs(rows, gamma, vocab, step, gen)
+            u = VerifyUniforms.draw(gen, rows, gamma, torch.device("cpu"))
+            want, got = both_forms(BLOCK_VERIFY, lambda: (drafts, p, q, u))  # noqa: B023
+            assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+            assert bool((got.groups == -1).all())
             seen |= set(got.num_accepted.tolist())
     assert seen == set(range(gamma + 1))
 
