@@ -31,10 +31,12 @@ Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft pr
 
 
 def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
-    """The rules `bench acceptance --quick` runs, PCG with the bundle's own table; exact and PCG both as the
-    compiled CPU loop (what the engine runs on CPU) and as torch ops (what it runs on CUDA)."""
+    """The rules `bench acceptance --quick` runs, PCG and PCG-block with the bundle's own table; exact, block
+    and PCG both as the compiled CPU loop (what the engine runs on CPU) and as torch ops (what it runs on
+    CUDA)."""
     rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", ops=TORCH_OPS),
-             "block": make_rule("block"), "ssd β=0.2": make_rule("ssd", bias=0.2),
+             "block": make_rule("block"), "block torch ops": make_rule("block", ops=TORCH_OPS),
+             "ssd β=0.2": make_rule("ssd", bias=0.2),
              "top-k k=3": make_rule("topk", k=3)}
     if bundle.asg_table is not None:
         table = ASGTable.load(bundle.asg_table)
