@@ -9,36 +9,36 @@ is then Q_c(K)/P_c(K), whatever x, and block verification over pairs is block ve
   bonus is a plain sample of q (label -1), as PCG's: the pair (K', x) ~ Q_c(K) q(x|K) has x ~ q.
 So the emitted labels are distributed, jointly over the block, as the target's coarse law (each label ~ Q_c
 given the emitted prefix), the group-level guarantee PCG gives; within a group the token follows p (q
-where p has no mass in the group). With all-singleton groups this is `block`'s torch form draw for draw.
+where p has no mass in the group). With all-singleton groups this is `block` draw for draw (form by form).
 
 Q_c and P_c are enumerated over all groups at every position (O(nnz) per position and row: cheap for the
-bundles' tables; there is no thinning form, so Llasa-size tables with real groups cost more than `pcg`),
-with engine/ops/verify.py's block steps as torch ops (no compiled twin yet).
+bundles' tables; there is no thinning form, so Llasa-size tables with real groups cost more than `pcg`).
+The math is engine/ops/verify.py's BLOCK_GROUP_VERIFY: block's torch steps over groups, or a compiled loop.
 """
 
 from __future__ import annotations
 
-import torch
 from pcgtts.asg_tables.table import ASGTable
-from pcgtts.engine.acceptance.base import assemble, check_shapes
+from pcgtts.engine.acceptance.base import check_shapes
 from pcgtts.engine.acceptance.pcg import PCGRule
-from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
+from pcgtts.engine.acceptance.sampling import VerifyUniforms
 from pcgtts.engine.acceptance.verdict import Verdict
-from pcgtts.engine.ops.verify import residual_rows, running_weights, stop_position, weighted_excess
+from pcgtts.engine.ops import Ops
+from pcgtts.engine.ops.verify import BLOCK_GROUP_VERIFY
 
 
 class PCGBlockRule(PCGRule):
     """PCG's table handling (loading, device moves, the GroupLayout) with the block's verify."""
 
     name = "pcg-block"
-    has_compiled_form = False
 
-    def __init__(self, table: ASGTable | str, residual: str = "enumerate"):
-        """residual: only "enumerate" (Q_c, P_c over all groups); thinning has no block form here."""
+    def __init__(self, table: ASGTable | str, residual: str = "enumerate", ops: Ops | None = None):
+        """residual: only "enumerate" (Q_c, P_c over all groups); thinning has no block form here.
+        ops: the forms of the verify (engine/ops); None: the one that applies to each call's tensors."""
         if residual != "enumerate":
             raise ValueError(f"pcg-block enumerates the groups' masses; residual={residual!r} is not "
                              "supported")
-        super().__init__(table, residual="enumerate")
+        super().__init__(table, residual="enumerate", ops=ops)
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
         check_shapes(draft_tokens, draft_probs, target_probs)
@@ -48,20 +48,5 @@ class PCGBlockRule(PCGRule):
             raise ValueError(f"probs over {vocab} tokens, ASG table over {self.table.vocab_size}")
         b, g = draft_tokens.shape
         u = VerifyUniforms.draw(generator, b, g, device, in_group=True)
-        labels, eta = self.table.draw_label(draft_tokens, u.accept)  # K_j ~ w_{·,x_j}; eta independent of K
-        draft_c = self.table.coarse(draft_probs.float())  # P_c [B, γ, M]
-        target_c = self.table.coarse(target_probs.float())  # Q_c [B, γ+1, M]
-        at = labels[:, :, None]
-        weights = running_weights(torch.gather(target_c[:, :g], 2, at).squeeze(2),
-                                  torch.gather(draft_c, 2, at).squeeze(2))  # [B, γ+1]
-        excess = weighted_excess(weights, target_c, draft_c)  # [B, γ+1, M]
-        tau = stop_position(weights, excess, eta)
-        group = sample_rows(residual_rows(excess, target_c, tau), None, u=u.emit)  # [B]
-        # the token inside K' from r(·|K'): p's members where P_c(K') > 0 before the bonus slot, else q's
-        rows = torch.arange(b, device=device)
-        drafted = tau < g
-        p_group = torch.where(drafted, draft_c[rows, tau.clamp(max=g - 1), group], 0.0)
-        source = torch.where((p_group > 0)[:, None], draft_probs[rows, tau.clamp(max=g - 1)].float(),
-                             target_probs[rows, tau].float())  # [B, V]
-        last_token = layout.draw_members(source, group, u.token)
-        return assemble(draft_tokens, tau, last_token, lambda: (labels, torch.where(drafted, group, -1)))
+        verify = Ops.given_or_for(self.ops, draft_probs).form(BLOCK_GROUP_VERIFY)
+        return verify(layout, draft_tokens, draft_probs, target_probs, u)

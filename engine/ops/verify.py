@@ -7,6 +7,7 @@ Float[B, γ+1, V] (q), u: the call's VerifyUniforms (engine.acceptance.sampling)
     GROUP_VERIFY   form(layout, draft_tokens, draft_probs, target_probs, u) -> Verdict   (PCG, enumerated)
     TOKEN_VERIFY   form(draft_tokens, draft_probs, target_probs, u) -> Verdict           (exact)
     BLOCK_VERIFY   form(draft_tokens, draft_probs, target_probs, u) -> Verdict           (block)
+    BLOCK_GROUP_VERIFY  form(layout, draft_tokens, draft_probs, target_probs, u) -> Verdict  (pcg-block)
 
 PCG per row (w_{k,t} = 1/N(t), P_c / Q_c the coarse-grained p / q; paper's Algorithm 1):
   for i < γ: K_i = the ⌊u_i·N(x_i)⌋-th group of S(x_i); accept while frac(u_i·N(x_i))·P_c(G_K) < Q_c(G_K);
@@ -443,3 +444,128 @@ def block_verify_compiled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
 
 
 BLOCK_VERIFY = Twin(torch=block_verify_torch, compiled=block_verify_compiled)
+
+
+# ---- block verification over ASG group labels (pcg-block, engine/acceptance/pcg_block.py) ----------------
+@cpu_kernel("void(float32[::1], int64[::1], int64[::1], float64[::1], float32[::1])")
+def _all_group_masses(probs, g_indptr, g_members, member_weight, out):
+    """out[k] = Σ_{t ∈ G_k} probs[t] / N(t) for every group, rounded to float32 as the torch ops' masses."""
+    for k in range(g_indptr.shape[0] - 1):
+        out[k] = np.float32(_group_mass(probs, g_indptr, g_members, member_weight, k))
+
+
+@cpu_kernel("void(int64[:, ::1], float32[:, :, ::1], float32[:, :, ::1], float64[:, ::1], float64[::1], "
+            "float64[::1], int64[::1], int64[::1], float64[::1], int64[::1], int64[::1], float64[::1], "
+            "int64[:, ::1], int64[:, ::1], int64[::1])")
+def _block_group_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, u_token,
+                      g_indptr, g_members, member_weight, t_indptr, t_groups, inv_owners, tokens, groups,
+                      num_accepted):
+    """pcg-block per row (engine/acceptance/pcg_block.py): fills tokens and groups [B, γ+1] as `assemble`
+    lays them out, and num_accepted [B] = τ. The weighted excess w·Q_c - P_c in float32 as the torch ops
+    form it (so that over singleton groups it is block's loop draw for draw)."""
+    b_rows, gamma = draft_tokens.shape
+    num_groups = g_indptr.shape[0] - 1
+    p_c = np.empty(num_groups, dtype=np.float32)
+    q_c = np.empty(num_groups, dtype=np.float32)
+    residual = np.empty(num_groups, dtype=np.float64)
+    inside = np.empty(g_members.shape[0], dtype=np.float64)
+    weights = np.empty(gamma + 1, dtype=np.float64)
+    labels = np.empty(gamma, dtype=np.int64)
+    for b in range(b_rows):
+        w = 1.0
+        weights[0] = 1.0
+        tau = 0
+        for j in range(gamma):
+            x = draft_tokens[b, j]
+            n = t_indptr[x + 1] - t_indptr[x]
+            scaled_u = u_accept[b, j] * n
+            slot = min(np.floor(scaled_u), n - 1.0)  # u·N(t) can round up to N(t)
+            k = t_groups[t_indptr[x] + np.int64(slot)]
+            eta = scaled_u - slot
+            labels[j] = k
+            p_k = np.float32(_group_mass(draft_probs[b, j], g_indptr, g_members, member_weight, k))
+            q_k = np.float32(_group_mass(target_probs[b, j], g_indptr, g_members, member_weight, k))
+            scaled = w * np.float64(q_k)
+            p_k = np.float64(p_k)
+            w = 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_k else scaled / p_k)
+            weights[j + 1] = w
+            if j + 1 < gamma:  # mark j+1 with probability r / (r + 1 - w), r over all groups
+                _all_group_masses(draft_probs[b, j + 1], g_indptr, g_members, member_weight, p_c)
+                _all_group_masses(target_probs[b, j + 1], g_indptr, g_members, member_weight, q_c)
+                w32 = np.float32(w)
+                mass = 0.0
+                for g in range(num_groups):
+                    excess = q_c[g] * w32 - p_c[g]
+                    if excess > 0:
+                        mass += excess
+                if eta * (mass + 1.0 - w) < mass:
+                    tau = j + 1
+            elif eta < w:
+                tau = gamma
+        _all_group_masses(target_probs[b, tau], g_indptr, g_members, member_weight, q_c)
+        if tau < gamma:
+            _all_group_masses(draft_probs[b, tau], g_indptr, g_members, member_weight, p_c)
+        else:
+            p_c[:] = 0.0
+        w32 = np.float32(weights[tau])
+        total = 0.0
+        for g in range(num_groups):
+            excess = q_c[g] * w32 - p_c[g]
+            residual[g] = excess if excess > 0 else 0.0
+            total += residual[g]
+        if total <= 0.0:  # only through rounding (see residual_rows): draw from Q_c there
+            for g in range(num_groups):
+                residual[g] = q_c[g]
+        group = draw_index(residual, u_emit[b])
+        # the token inside: p's members where P_c > 0 before the bonus slot, else q's
+        source = draft_probs[b, tau] if tau < gamma and p_c[group] > 0 else target_probs[b, tau]
+        start, end = g_indptr[group], g_indptr[group + 1]
+        for m in range(start, end):
+            inside[m - start] = source[g_members[m]] * member_weight[m]
+        tokens[b, :] = -1
+        groups[b, :] = -1
+        for j in range(tau):
+            tokens[b, j] = draft_tokens[b, j]
+            groups[b, j] = labels[j]
+        tokens[b, tau] = g_members[start + draw_index(inside[: end - start], u_token[b])]
+        if tau < gamma:
+            groups[b, tau] = group
+        num_accepted[b] = tau
+
+
+def block_group_verify_compiled(layout: GroupLayout, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
+                                target_probs: torch.Tensor, u: VerifyUniforms) -> Verdict:
+    b, g = draft_tokens.shape
+    tokens = torch.empty(b, g + 1, dtype=torch.long)
+    groups = torch.empty(b, g + 1, dtype=torch.long)
+    num_accepted = torch.empty(b, dtype=torch.long)
+    _block_group_rows(draft_tokens.long().contiguous().numpy(), draft_probs.float().contiguous().numpy(),
+                      target_probs.float().contiguous().numpy(), u.accept.numpy(), u.emit.numpy(),
+                      u.token.numpy(), *layout.arrays(), tokens.numpy(), groups.numpy(), num_accepted.numpy())
+    return Verdict(tokens, num_accepted, groups)
+
+
+def block_group_verify_torch(layout: GroupLayout, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
+                             target_probs: torch.Tensor, u: VerifyUniforms) -> Verdict:
+    b, g = draft_tokens.shape
+    table, device = layout.table, draft_probs.device
+    labels, eta = table.draw_label(draft_tokens, u.accept)  # K_j ~ w_{·,x_j}; eta independent of K
+    draft_c = table.coarse(draft_probs.float())  # P_c [B, γ, M]
+    target_c = table.coarse(target_probs.float())  # Q_c [B, γ+1, M]
+    at = labels[:, :, None]
+    weights = running_weights(torch.gather(target_c[:, :g], 2, at).squeeze(2),
+                              torch.gather(draft_c, 2, at).squeeze(2))  # [B, γ+1]
+    excess = weighted_excess(weights, target_c, draft_c)  # [B, γ+1, M]
+    tau = stop_position(weights, excess, eta)
+    group = sample_rows(residual_rows(excess, target_c, tau), None, u=u.emit)  # [B]
+    # the token inside K' from r(·|K'): p's members where P_c(K') > 0 before the bonus slot, else q's
+    rows = torch.arange(b, device=device)
+    drafted = tau < g
+    p_group = torch.where(drafted, draft_c[rows, tau.clamp(max=g - 1), group], 0.0)
+    source = torch.where((p_group > 0)[:, None], draft_probs[rows, tau.clamp(max=g - 1)].float(),
+                         target_probs[rows, tau].float())  # [B, V]
+    last_token = layout.draw_members(source, group, u.token)
+    return assemble(draft_tokens, tau, last_token, lambda: (labels, torch.where(drafted, group, -1)))
+
+
+BLOCK_GROUP_VERIFY = Twin(torch=block_group_verify_torch, compiled=block_group_verify_compiled)

@@ -20,7 +20,7 @@ from pcgtts.engine.ops import TORCH_OPS, Ops
 
 GAMMA = 3
 ALPHA = 1e-3  # the chi-square tests pass at p > 0.001
-# block's compiled CPU loop (the default on CPU) and its torch ops (CUDA's, and pcg-block's steps)
+# the rules' compiled CPU loops (the default on CPU) and their torch ops (what CUDA runs)
 PATHS = pytest.mark.parametrize("ops", [Ops(compiled=True), TORCH_OPS], ids=["compiled", "torch-ops"])
 
 
@@ -206,13 +206,14 @@ def complete_labels(models: PrefixModels, w: torch.Tensor, verdict, seed: int) -
     return index
 
 
-def test_pcg_block_labels_follow_the_coarse_joint():
+@PATHS
+def test_pcg_block_labels_follow_the_coarse_joint(ops):
     models, rows = PrefixModels(V4, seed=30, closeness=0.4), 60_000
     table = ASGTable.from_groups(GROUPS, V4)
     groups = [table.members(k).tolist() for k in range(table.num_groups)]
     w = group_weights(groups, V4)
     drafts, draft_probs, target_probs = models.block(rows, seed=8)
-    verdict = verify(make_rule("pcg-block", table=table), drafts, draft_probs, target_probs, seed=9)
+    verdict = verify(make_rule("pcg-block", table=table, ops=ops), drafts, draft_probs, target_probs, seed=9)
     member = w > 0
     labelled = verdict.groups >= 0
     assert bool(member[verdict.groups[labelled], verdict.tokens[labelled]].all())  # labels hold their tokens
@@ -228,11 +229,12 @@ def test_pcg_block_labels_follow_the_coarse_joint():
     assert chi2_pvalue(verdict.groups[:, 0], w @ models.target[0]) > ALPHA
 
 
-def test_pcg_block_accepts_at_least_as_many_as_pcg_and_more_than_block():
+@PATHS
+def test_pcg_block_accepts_at_least_as_many_as_pcg_and_more_than_block(ops):
     models, rows = PrefixModels(V4, seed=40, closeness=0.4), 100_000
     table = ASGTable.from_groups(GROUPS, V4)
     drafts, draft_probs, target_probs = models.block(rows, seed=11)
-    rules = {"pcg-block": make_rule("pcg-block", table=table), "block": make_rule("block"),
+    rules = {"pcg-block": make_rule("pcg-block", table=table, ops=ops), "block": make_rule("block"),
              "pcg": make_rule("pcg", table=table, residual="enumerate")}
     accepted = {name: verify(rule, drafts, draft_probs, target_probs, seed=12).num_accepted
                 for name, rule in rules.items()}
@@ -255,10 +257,11 @@ def test_pcg_block_accepts_strictly_more_than_pcg_where_the_coarse_ratio_alterna
     assert chi2_pvalue(block.groups[:, 0], torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)) > ALPHA
 
 
+@PATHS
 @pytest.mark.parametrize("vocab", [3, 1500])  # 1,500: the two-level sampler's path too
-def test_pcg_block_over_singletons_is_block_draw_for_draw(vocab):
-    """Group k = {k}: the labels are the tokens, and pcg-block draws what block's torch form draws (and one
-    uniform more per row, for the token inside the group, after block's): identical verdicts."""
+def test_pcg_block_over_singletons_is_block_draw_for_draw(vocab, ops):
+    """Group k = {k}: the labels are the tokens, and pcg-block draws what block draws, form for form (and
+    one uniform more per row, for the token inside the group, after block's): identical verdicts."""
     if vocab == 3:
         drafts, draft_probs, target_probs = PrefixModels(3, seed=50).block(20_000, seed=15)
     else:
@@ -268,9 +271,9 @@ def test_pcg_block_over_singletons_is_block_draw_for_draw(vocab):
         target_probs = (0.5 * p + 0.5 * q).float().expand(rows, GAMMA + 1, vocab)
         drafts = torch.multinomial(draft_probs.reshape(-1, vocab), 1, replacement=True,
                                    generator=torch.Generator().manual_seed(16)).view(rows, GAMMA)
-    got = verify(make_rule("pcg-block", table=ASGTable.from_groups([], vocab)), drafts, draft_probs,
+    got = verify(make_rule("pcg-block", table=ASGTable.from_groups([], vocab), ops=ops), drafts, draft_probs,
                  target_probs, seed=17)
-    want = verify(make_rule("block", ops=TORCH_OPS), drafts, draft_probs, target_probs, seed=17)
+    want = verify(make_rule("block", ops=ops), drafts, draft_probs, target_probs, seed=17)
     assert 0 < int((got.num_accepted < GAMMA).sum()) < got.num_accepted.numel()  # both branches ran
     assert torch.equal(got.num_accepted, want.num_accepted)
     assert torch.equal(got.tokens, want.tokens)

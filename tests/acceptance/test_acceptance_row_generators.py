@@ -48,6 +48,7 @@ RULE_SPECS = {
     "pcg-torch": ("pcg", {"table": "groups", "residual": "enumerate", "ops": TORCH_OPS}),
     "block": ("block", {}), "block-torch": ("block", {"ops": TORCH_OPS}),
     "pcg-block": ("pcg-block", {"table": "groups"}),
+    "pcg-block-torch": ("pcg-block", {"table": "groups", "ops": TORCH_OPS}),
 }
 
 
