@@ -31,9 +31,9 @@ Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft pr
 
 
 def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
-    """The rules `bench acceptance --quick` runs, PCG and PCG-block with the bundle's own table; exact, block
-    and PCG both as the compiled CPU loop (what the engine runs on CPU) and as torch ops (what it runs on
-    CUDA)."""
+    """The rules `bench acceptance --quick` runs, PCG and PCG-block with the bundle's own table; each rule
+    with a compiled form both as the compiled CPU loop (what the engine runs on CPU) and as torch ops (what
+    it runs on CUDA)."""
     rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", ops=TORCH_OPS),
              "block": make_rule("block"), "block torch ops": make_rule("block", ops=TORCH_OPS),
              "ssd β=0.2": make_rule("ssd", bias=0.2),
@@ -44,6 +44,7 @@ def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
         rules[f"pcg {name}"] = make_rule("pcg", table=table)
         rules[f"pcg {name} torch ops"] = make_rule("pcg", table=table, ops=TORCH_OPS)
         rules[f"pcg-block {name}"] = make_rule("pcg-block", table=table)
+        rules[f"pcg-block {name} torch ops"] = make_rule("pcg-block", table=table, ops=TORCH_OPS)
     return rules
 
 
