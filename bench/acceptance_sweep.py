@@ -1,4 +1,5 @@
-"""Acceptance-rule sweep: target-only, exact SD, SSD, top-k tolerance, LANTERN and PCG side by side.
+"""Acceptance-rule sweep: target-only, exact SD, block verification, SSD, top-k tolerance, LANTERN, PCG and
+PCG-block side by side.
 
 Every configuration decodes the same prompts (same texts, voices and seeds) through the same engine, one
 after another in one process, so the speed ratios are taken side by side. Quality is measured on the
@@ -30,7 +31,7 @@ from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 @dataclass
 class RuleSpec:
-    """One configuration of the sweep; `theta` builds an ASG table from the target for pcg/lantern."""
+    """One configuration of the sweep; `theta` builds an ASG table from the target for the group rules."""
 
     label: str
     rule: str  # "target-only" or an engine.acceptance rule name
@@ -49,11 +50,13 @@ def default_specs(quick: bool, bundle_theta: float | None, bundle_table: str | N
     specs = [
         RuleSpec("target-only", "target-only"),
         RuleSpec("exact", "exact"),
+        RuleSpec("block", "block"),
         RuleSpec("ssd β=0.2", "ssd", {"bias": 0.2}),
         RuleSpec("top-k k=3", "topk", {"k": 3}),
         RuleSpec("lantern k=5 δ=0.2", "lantern", {"k": 5, "delta": 0.2}, theta=theta),
         *bundle_rows,
         RuleSpec(f"pcg θ={theta:.2f}", "pcg", {}, theta=theta),
+        RuleSpec(f"pcg-block θ={theta:.2f}", "pcg-block", {}, theta=theta),
         # a looser table: larger groups, more acceptance, the quality price to measure
         RuleSpec(f"pcg θ={theta - 0.1:.2f}", "pcg", {}, theta=round(theta - 0.1, 4)),
     ]
@@ -229,7 +232,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
-    parser.add_argument("--quick", action="store_true", help="6 utterances, the six main rules")
+    parser.add_argument("--quick", action="store_true", help="6 utterances, the main rules")
     parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens per step (γ)")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)

@@ -7,7 +7,9 @@ the bundle's engine actually verifies. An engine (exact SD, eager) decodes the s
 constraint on, at each batch size, and keeps every speculative step's (draft tokens [B, γ], draft probs
 [B, γ, V], target probs [B, γ+1, V]). Each rule then verifies all kept steps of a batch size; the rules take
 turns within every repeat (so the machine's drift hits all alike), and the result is the median over
-repeats of the mean time per verify call, with its ratio to exact's.
+repeats of the mean time per verify call, with its ratio to exact's, and the drafts each rule accepts per
+row and step on those same inputs (mean over rows, steps and repeats, each repeat its own seed): how much
+further a rule gets from the very same draft blocks (block vs exact, pcg-block vs pcg).
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ Step = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # draft tokens, draft pr
 
 
 def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
-    """The rules `bench acceptance --quick` runs, PCG with the bundle's own table; exact and PCG both as the
-    compiled CPU loop (what the engine runs on CPU) and as torch ops (what it runs on CUDA)."""
+    """The rules `bench acceptance --quick` runs, PCG and PCG-block with the bundle's own table; each rule
+    with a compiled form both as the compiled CPU loop (what the engine runs on CPU) and as torch ops (what
+    it runs on CUDA)."""
     rules = {"exact": make_rule("exact"), "exact torch ops": make_rule("exact", ops=TORCH_OPS),
+             "block": make_rule("block"), "block torch ops": make_rule("block", ops=TORCH_OPS),
              "ssd β=0.2": make_rule("ssd", bias=0.2),
              "top-k k=3": make_rule("topk", k=3)}
     if bundle.asg_table is not None:
@@ -39,6 +43,8 @@ def bundle_rules(bundle: ModelBundle) -> dict[str, AcceptanceRule]:
         name = table.meta.get("name") or f"θ={float(table.meta['theta']):g}"
         rules[f"pcg {name}"] = make_rule("pcg", table=table)
         rules[f"pcg {name} torch ops"] = make_rule("pcg", table=table, ops=TORCH_OPS)
+        rules[f"pcg-block {name}"] = make_rule("pcg-block", table=table)
+        rules[f"pcg-block {name} torch ops"] = make_rule("pcg-block", table=table, ops=TORCH_OPS)
     return rules
 
 
@@ -70,20 +76,30 @@ def capture_steps(engine: Engine, prompts: list, params: list, batch_size: int) 
 
 def time_rules(rules: dict[str, AcceptanceRule], steps: list[Step], repeats: int) -> dict[str, dict]:
     """Per rule: microseconds per verify call (median over repeats of the mean over `steps`), per-repeat
-    values and the ratio of the median to exact's."""
+    values, the ratio of the median to exact's, and the drafts accepted per row and step (mean over every
+    verdict of the kept repeats, with its standard error)."""
     runs: dict[str, list[float]] = {name: [] for name in rules}
+    accepted: dict[str, list[torch.Tensor]] = {name: [] for name in rules}
     for repeat in range(repeats + 1):  # the first round warms up and is not kept
         for name, rule in rules.items():
             generator = torch.Generator().manual_seed(repeat)
+            verdicts = []
             start = time.perf_counter()
             for drafts, draft_probs, target_probs in steps:
-                rule.verify(drafts, draft_probs, target_probs, generator)
+                verdicts.append(rule.verify(drafts, draft_probs, target_probs, generator).num_accepted)
             if repeat:
                 runs[name].append(1e6 * (time.perf_counter() - start) / len(steps))
+                accepted[name] += verdicts
     exact = statistics.median(runs["exact"])
-    return {name: {"us_per_verify": round(statistics.median(values), 1), "x_exact":
-                   round(statistics.median(values) / exact, 3), "runs": [round(v, 1) for v in values]}
-            for name, values in runs.items()}
+    out = {}
+    for name, values in runs.items():
+        counts = torch.cat(accepted[name]).double()
+        out[name] = {"us_per_verify": round(statistics.median(values), 1),
+                     "x_exact": round(statistics.median(values) / exact, 3),
+                     "runs": [round(v, 1) for v in values],
+                     "accepted_per_row": round(float(counts.mean()), 4),
+                     "accepted_per_row_se": round(float(counts.std() / counts.numel() ** 0.5), 4)}
+    return out
 
 
 def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, repeats: int,
@@ -104,10 +120,12 @@ def run(model: Path, batch_sizes: list[int], utterances: int, max_tokens: int, r
 
 
 def markdown(result: dict) -> str:
-    lines = ["| batch | rule | µs per verify (median) | x exact | verify calls timed |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["| batch | rule | µs per verify (median) | x exact | drafts accepted per row and step (± s.e.) "
+             "| verify calls timed |",
+             "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['batch']} | {r['rule']} | {r['us_per_verify']:.0f} | {r['x_exact']:.2f}x "
-              f"| {r['steps']} |" for r in result["rows"]]
+              f"| {r['accepted_per_row']:.3f} ± {r['accepted_per_row_se']:.3f} | {r['steps']} |"
+              for r in result["rows"]]
     return "\n".join(lines)
 
 

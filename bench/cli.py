@@ -12,7 +12,7 @@ BENCHMARKS = {
     "codec": ("codec_bench", "streaming codec: batched vs one-by-one decode, first audio block"),
     "engine": ("engine_bench", "engine tokens/s: target-only, exact, pcg; transformers reference"),
     "load": ("load_test", "server load test: time to first audio, real-time factor"),
-    "step": ("step_speed", "decode speed: target-only/exact/pcg, eager vs captured graphs; c and v"),
+    "step": ("step_speed", "decode speed per acceptance rule, eager vs captured graphs; c and v"),
     "verify": ("verify_speed", "verify() cost vs a target forward; ASG build time and memory"),
     "rejections": ("rejections", "why drafts are rejected; embedding vs acoustic ASGs"),
     "draft-cost": ("draft_cost", "c = draft / target per-token cost, drafts side by side"),

@@ -156,15 +156,17 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
                   compile_cache_dir: Path | None = None, deterministic: str | None = None,
                   draft_confidence: float = 0.0, max_num_seqs: int | None = None) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
-    `rule` (PCG over the bundle's ASG table). deterministic: EngineConfig.deterministic (None: its
-    default); draft_confidence: EngineConfig's θ (num_speculative_tokens is then the most a row drafts);
-    max_num_seqs: the batch it may run (None: EngineConfig's)."""
+    `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
+    EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
+    is then the most a row drafts); max_num_seqs: the batch it may run (None: EngineConfig's)."""
     from pcgtts.engine import Engine, EngineConfig
+    from pcgtts.engine.acceptance import uses_asg_table
 
     spec = rule != "target-only"
     return Engine(EngineConfig(
         target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
-        acceptance=rule if spec else "exact", asg_table=bundle.asg_table if rule == "pcg" else None,
+        acceptance=rule if spec else "exact",
+        asg_table=bundle.asg_table if spec and uses_asg_table(rule) else None,
         num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
         decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir, draft_confidence=draft_confidence,
         **({} if deterministic is None else {"deterministic": deterministic}),

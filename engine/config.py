@@ -24,7 +24,7 @@ class EngineConfig:
     draft: str | Path | None = None  # draft checkpoint sharing the target's vocabulary; None = target-only
     acceptance: str = "exact"  # rule name for engine.acceptance.make_rule
     acceptance_params: dict = field(default_factory=dict)  # extra rule parameters (ssd bias, topk k, ...)
-    asg_table: str | Path | None = None  # ASG table for "pcg" / "lantern" (asg_tables.ASGTable.load)
+    asg_table: str | Path | None = None  # for pcg, pcg-block, lantern (ASGTable.load)
     # More tables (e.g. other θ) that a request may pick by name for A/B tests; the default table above is
     # named after its file stem. Each is loaded on first use.
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)

@@ -42,7 +42,8 @@ class ServerSettings:
     engine: str = _opt(TTSConfig.engine, "builtin (this package's engine, the default) | vllm (vLLM's "
                                          "AsyncLLM with pcgtts' acceptance rules; make install-vllm)")
     acceptance: str = _opt(TTSConfig.acceptance,
-                           "speculative acceptance rule: pcg | exact | ssd | topk | lantern | none")
+                           "speculative acceptance rule: pcg | exact | block | pcg-block | ssd | topk "
+                           "| lantern | none")
     num_speculative_tokens: int = _opt(TTSConfig.num_speculative_tokens, "draft length γ (0 = target only)")
     draft_confidence: float = _opt(TTSConfig.draft_confidence, "θ: a row drafts its next token only while "
                                    "the draft gave its last proposal at least this probability, so γ is "
@@ -50,7 +51,8 @@ class ServerSettings:
     speculation: str = _opt(TTSConfig.speculation, "auto: per engine step, speculate or decode with the "
                             "target alone, whichever measured faster at that batch size; always: every step "
                             "speculates (seeded requests speculate on every step either way)")
-    asg_table: str | None = _opt(None, "ASG table file (the θ choice) for pcg/lantern; default: the bundle's")
+    asg_table: str | None = _opt(None, "ASG table file (the θ choice) for pcg/pcg-block/lantern; default: "
+                                        "the bundle's")
     extra_asg_tables: str | None = _opt(None, "more ASG tables requests may pick by name (`asg_table`): "
                                               "comma-separated FILE or NAME=FILE (name: the file's stem)")
     kv_budget_tokens: int | None = _opt(TTSConfig.kv_budget_tokens, "KV-cache capacity in tokens per model")

@@ -315,7 +315,8 @@ class TTSService:
 
     @property
     def acceptance_rules(self) -> list[str]:
-        """Rules a request may pick; those that use an ASG table (pcg, lantern) only when one is loaded."""
+        """Rules a request may pick; those that use an ASG table (pcg, pcg-block, lantern) only when one is
+        loaded."""
         from pcgtts.engine.acceptance import uses_asg_table
 
         if not self.engine_num_speculative_tokens:

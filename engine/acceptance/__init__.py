@@ -1,6 +1,7 @@
 """Acceptance rules of speculative decoding: the only place acceptance math lives.
 
-    rule = make_rule("exact")   # or "pcg" (table=), "ssd" (bias=), "topk" (k=), "lantern" (k=, delta=, ...)
+    rule = make_rule("exact")   # or "pcg" (table=), "ssd" (bias=), "topk" (k=), "lantern" (k=, delta=, ...),
+                                # "block" (block verification), "pcg-block" (table=; its group-level form)
     verdict = rule.verify(draft_tokens, draft_probs, target_probs, generator)
 
 `uses_asg_table(name)` says which rules work over an ASG table's groups; `RuleCache` (cache.py) builds each
@@ -24,6 +25,8 @@ RULES = {
     "ssd": "pcgtts.engine.acceptance.ssd:SSDRule",
     "topk": "pcgtts.engine.acceptance.topk:TopKRule",
     "lantern": "pcgtts.engine.acceptance.lantern:LanternRule",
+    "block": "pcgtts.engine.acceptance.block:BlockRule",
+    "pcg-block": "pcgtts.engine.acceptance.pcg_block:PCGBlockRule",
 }
 
 
@@ -40,7 +43,7 @@ def make_rule(name: str, **params) -> AcceptanceRule:
 
 
 def uses_asg_table(name: str) -> bool:
-    """Whether the rule called `name` works over an ASG table's groups (pcg, lantern)."""
+    """Whether the rule called `name` works over an ASG table's groups (pcg, pcg-block, lantern)."""
     return rule_class(name).uses_asg_table
 
 

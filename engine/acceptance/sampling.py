@@ -45,7 +45,8 @@ class VerifyUniforms:
     """Every uniform one verify call uses, drawn in one place and one order, so that the forms of a verify
     (engine/ops/verify.py) and the rules that share its steps draw the same tokens from the same seed.
 
-    accept: Float64[B, γ]  position i's acceptance test (for group rules also its label: draw_label)
+    accept: Float64[B, γ]  position i's acceptance test (for group rules also its label: draw_label; for the
+                           block rules the test of keeping i+1 drafts, block.py)
     emit:   Float64[B]     the emitted token at the first rejection or the bonus slot (group rules: its group)
     token:  Float64[B]     group rules: the token inside the emitted group (None for token-level rules)
     """

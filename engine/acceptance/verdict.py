@@ -13,10 +13,10 @@ class Verdict:
     tokens:       Long[B, γ+1]  accepted draft tokens, then one recovered (after a rejection) or bonus (after
                                  γ acceptances) token; the rest padded with -1.
     num_accepted: Long[B]       accepted draft tokens, in [0, γ].
-    groups:       Long[B, γ+1]  PCG only: the group label K of each emitted token (the accepted label, or
-                                 the residual group after a rejection); -1 for the bonus token, for padding
-                                 and for other rules. Built on first access (the engine never reads it;
-                                 at decode sizes each tensor op counts).
+    groups:       Long[B, γ+1]  pcg and pcg-block: the group label K of each emitted token (the accepted
+                                 label, or the residual group after a rejection); -1 for the bonus token, for
+                                 padding and for other rules. Built on first access (the engine never reads
+                                 it; at decode sizes each tensor op counts).
     """
 
     def __init__(self, tokens: torch.Tensor, num_accepted: torch.Tensor,

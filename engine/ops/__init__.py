@@ -2,7 +2,8 @@
 
     softmax_draw.py   temperature softmax and one inverse-CDF draw per row (each draft proposal)
     marker_merge.py   the demo family's marker-merge decode constraint (engine/speech/demo/constraint.py)
-    verify.py         the verify of one speculation round: coarse (PCG, over ASG groups), exact (tokens)
+    verify.py         the verify of one speculation round: coarse (PCG, over ASG groups), exact (tokens),
+                      block verification (block)
 
 Each operation is a `Twin`: its `torch` form (tensor ops: any device and dtype; what CUDA runs) and its
 `compiled` form (one numba loop per call over CPU tensors: at small vocabularies a decoding step between

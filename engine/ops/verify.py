@@ -1,10 +1,13 @@
-"""The verify of one speculation round: coarse over ASG groups (PCG) and token-level (exact), each a Twin.
+"""The verify of one speculation round: coarse over ASG groups (PCG), token-level (exact) and block
+verification (block, engine/acceptance/block.py), each a Twin.
 
 Shapes as in engine.acceptance: draft_tokens Long[B, γ], draft_probs Float[B, γ, V] (p), target_probs
 Float[B, γ+1, V] (q), u: the call's VerifyUniforms (engine.acceptance.sampling), drawn by the rule.
 
     GROUP_VERIFY   form(layout, draft_tokens, draft_probs, target_probs, u) -> Verdict   (PCG, enumerated)
     TOKEN_VERIFY   form(draft_tokens, draft_probs, target_probs, u) -> Verdict           (exact)
+    BLOCK_VERIFY   form(draft_tokens, draft_probs, target_probs, u) -> Verdict           (block)
+    BLOCK_GROUP_VERIFY  form(layout, draft_tokens, draft_probs, target_probs, u) -> Verdict  (pcg-block)
 
 PCG per row (w_{k,t} = 1/N(t), P_c / Q_c the coarse-grained p / q; paper's Algorithm 1):
   for i < γ: K_i = the ⌊u_i·N(x_i)⌋-th group of S(x_i); accept while frac(u_i·N(x_i))·P_c(G_K) < Q_c(G_K);
@@ -322,3 +325,247 @@ def token_verify_compiled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
 
 
 TOKEN_VERIFY = Twin(torch=token_verify_torch, compiled=token_verify_compiled)
+
+
+# ---- block verification ------------------------------------------------------------------------------------
+# The torch steps, also run over ASG group labels (X = groups) by engine/acceptance/pcg_block.py.
+def running_weights(target_mass: torch.Tensor, draft_mass: torch.Tensor) -> torch.Tensor:
+    """w [B, γ+1] (float64) from the drafts' target and draft masses [B, γ]: w_0 = 1, w_{j+1} = min(w_j ·
+    target_mass_j / draft_mass_j, 1). A draft mass of 0 (a draft the draft could not have made) keeps any
+    positive weight at 1, as the ratio test accepts such a token iff its target mass is positive."""
+    q, p = target_mass.double(), draft_mass.double()
+    weights = [torch.ones_like(q[:, 0])]
+    for j in range(q.shape[1]):
+        scaled = weights[-1] * q[:, j]
+        weights.append(torch.where(scaled >= p[:, j], 1.0, scaled / p[:, j].clamp(min=1e-300)) * (scaled > 0))
+    return torch.stack(weights, dim=1)
+
+
+def weighted_excess(weights: torch.Tensor, target: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """w_j q_j - p_j at every position, [B, γ+1, X] float32 (p = 0 at the bonus slot j = γ), from
+    weights [B, γ+1], target [B, γ+1, X] and draft [B, γ, X] (X: tokens, or groups for pcg-block)."""
+    excess = target.float() * weights[:, :, None].float()
+    excess[:, :-1] -= draft.float()
+    return excess
+
+
+def stop_position(weights: torch.Tensor, excess: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
+    """τ Long[B]: the last j in 1..γ with eta_{j-1} < h_j (0 if none), from weights [B, γ+1], the weighted
+    excess [B, γ+1, X] and uniforms eta Float64[B, γ]. The tests are written without division, so that
+    h_j = 0/0 (w_j = 1 with p_j = q_j: nothing left to draw there) marks nothing."""
+    g = eta.shape[1]
+    if g == 0:
+        return torch.zeros(eta.shape[0], dtype=torch.long, device=eta.device)
+    mass = excess[:, 1:g].clamp(min=0.0).sum(-1).double()  # r_j for j = 1..γ-1: [B, γ-1]
+    inner = eta[:, :g - 1] * (mass + 1.0 - weights[:, 1:g]) < mass  # η < r / (r + 1 - w)
+    marked = torch.cat([inner, (eta[:, g - 1] < weights[:, g])[:, None]], dim=1)  # [B, γ]
+    return (marked.long() * torch.arange(1, g + 1, device=eta.device)).amax(dim=1)
+
+
+def residual_rows(excess: torch.Tensor, target: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """[w_τ q_τ - p_τ]_+ of each row, [B, X] float32, or q_τ where that vanishes (only through rounding: a
+    position with no residual mass is never marked, and τ = 0 has mass unless p_0 = q_0, which marks a
+    later position surely)."""
+    rows = torch.arange(excess.shape[0], device=excess.device)
+    residual = excess[rows, tau].clamp_(min=0.0)
+    empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
+    if empty.numel():
+        residual[empty] = target[empty, tau[empty]].float()
+    return residual
+
+
+def block_verify_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                       u: VerifyUniforms) -> Verdict:
+    g = draft_tokens.shape[1]
+    weights = running_weights(token_probs(target_probs[:, :g], draft_tokens),
+                              token_probs(draft_probs, draft_tokens))  # [B, γ+1]
+    excess = weighted_excess(weights, target_probs, draft_probs)  # [B, γ+1, V]
+    tau = stop_position(weights, excess, u.accept)
+    return assemble(draft_tokens, tau, sample_rows(residual_rows(excess, target_probs, tau), None, u=u.emit))
+
+
+@cpu_kernel("void(int64[:, ::1], float32[:, :, ::1], float32[:, :, ::1], float64[:, ::1], float64[::1], "
+            "int64[:, ::1], int64[::1])")
+def _block_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, tokens, num_accepted):
+    """Fills tokens [B, γ+1] (the kept drafts, the emitted token, -1 after) and num_accepted [B] = τ. The
+    weighted excess w·q - p is formed in float32 as the torch ops form it (its masses summed in float64)."""
+    b_rows, gamma = draft_tokens.shape
+    vocab = target_probs.shape[2]
+    weights = np.empty(gamma + 1, dtype=np.float64)
+    residual = np.empty(vocab, dtype=np.float64)
+    for b in range(b_rows):
+        w = 1.0
+        weights[0] = 1.0
+        tau = 0
+        for j in range(gamma):
+            x = draft_tokens[b, j]
+            p_x = np.float64(draft_probs[b, j, x])
+            scaled = w * np.float64(target_probs[b, j, x])
+            w = 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_x else scaled / p_x)
+            weights[j + 1] = w
+            if j + 1 < gamma:  # mark j+1 with probability r / (r + 1 - w)
+                w32 = np.float32(w)
+                mass = 0.0
+                for t in range(vocab):
+                    excess = target_probs[b, j + 1, t] * w32 - draft_probs[b, j + 1, t]
+                    if excess > 0:
+                        mass += excess
+                if u_accept[b, j] * (mass + 1.0 - w) < mass:
+                    tau = j + 1
+            elif u_accept[b, j] < w:
+                tau = gamma
+        w32 = np.float32(weights[tau])
+        total = 0.0
+        for t in range(vocab):
+            excess = target_probs[b, tau, t] * w32
+            if tau < gamma:
+                excess = excess - draft_probs[b, tau, t]
+            residual[t] = excess if excess > 0 else 0.0
+            total += residual[t]
+        if total <= 0.0:  # only through rounding (see residual_rows): draw from q there
+            for t in range(vocab):
+                residual[t] = target_probs[b, tau, t]
+        tokens[b, :] = -1
+        for j in range(tau):
+            tokens[b, j] = draft_tokens[b, j]
+        tokens[b, tau] = draw_index(residual, u_emit[b])
+        num_accepted[b] = tau
+
+
+def block_verify_compiled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+                          u: VerifyUniforms) -> Verdict:
+    b, g = draft_tokens.shape
+    tokens = torch.empty(b, g + 1, dtype=torch.long)
+    num_accepted = torch.empty(b, dtype=torch.long)
+    _block_rows(draft_tokens.long().contiguous().numpy(), draft_probs.float().contiguous().numpy(),
+                target_probs.float().contiguous().numpy(), u.accept.numpy(), u.emit.numpy(), tokens.numpy(),
+                num_accepted.numpy())
+    return Verdict(tokens, num_accepted, lambda: torch.full_like(tokens, -1))
+
+
+BLOCK_VERIFY = Twin(torch=block_verify_torch, compiled=block_verify_compiled)
+
+
+# ---- block verification over ASG group labels (pcg-block, engine/acceptance/pcg_block.py) ----------------
+@cpu_kernel("void(float32[::1], int64[::1], int64[::1], float64[::1], float32[::1])")
+def _all_group_masses(probs, g_indptr, g_members, member_weight, out):
+    """out[k] = Σ_{t ∈ G_k} probs[t] / N(t) for every group, rounded to float32 as the torch ops' masses."""
+    for k in range(g_indptr.shape[0] - 1):
+        out[k] = np.float32(_group_mass(probs, g_indptr, g_members, member_weight, k))
+
+
+@cpu_kernel("void(int64[:, ::1], float32[:, :, ::1], float32[:, :, ::1], float64[:, ::1], float64[::1], "
+            "float64[::1], int64[::1], int64[::1], float64[::1], int64[::1], int64[::1], float64[::1], "
+            "int64[:, ::1], int64[:, ::1], int64[::1])")
+def _block_group_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, u_token,
+                      g_indptr, g_members, member_weight, t_indptr, t_groups, inv_owners, tokens, groups,
+                      num_accepted):
+    """pcg-block per row (engine/acceptance/pcg_block.py): fills tokens and groups [B, γ+1] as `assemble`
+    lays them out, and num_accepted [B] = τ. The weighted excess w·Q_c - P_c in float32 as the torch ops
+    form it (so that over singleton groups it is block's loop draw for draw)."""
+    b_rows, gamma = draft_tokens.shape
+    num_groups = g_indptr.shape[0] - 1
+    p_c = np.empty(num_groups, dtype=np.float32)
+    q_c = np.empty(num_groups, dtype=np.float32)
+    residual = np.empty(num_groups, dtype=np.float64)
+    inside = np.empty(g_members.shape[0], dtype=np.float64)
+    weights = np.empty(gamma + 1, dtype=np.float64)
+    labels = np.empty(gamma, dtype=np.int64)
+    for b in range(b_rows):
+        w = 1.0
+        weights[0] = 1.0
+        tau = 0
+        for j in range(gamma):
+            x = draft_tokens[b, j]
+            n = t_indptr[x + 1] - t_indptr[x]
+            scaled_u = u_accept[b, j] * n
+            slot = min(np.floor(scaled_u), n - 1.0)  # u·N(t) can round up to N(t)
+            k = t_groups[t_indptr[x] + np.int64(slot)]
+            eta = scaled_u - slot
+            labels[j] = k
+            p_k = np.float32(_group_mass(draft_probs[b, j], g_indptr, g_members, member_weight, k))
+            q_k = np.float32(_group_mass(target_probs[b, j], g_indptr, g_members, member_weight, k))
+            scaled = w * np.float64(q_k)
+            p_k = np.float64(p_k)
+            w = 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_k else scaled / p_k)
+            weights[j + 1] = w
+            if j + 1 < gamma:  # mark j+1 with probability r / (r + 1 - w), r over all groups
+                _all_group_masses(draft_probs[b, j + 1], g_indptr, g_members, member_weight, p_c)
+                _all_group_masses(target_probs[b, j + 1], g_indptr, g_members, member_weight, q_c)
+                w32 = np.float32(w)
+                mass = 0.0
+                for g in range(num_groups):
+                    excess = q_c[g] * w32 - p_c[g]
+                    if excess > 0:
+                        mass += excess
+                if eta * (mass + 1.0 - w) < mass:
+                    tau = j + 1
+            elif eta < w:
+                tau = gamma
+        _all_group_masses(target_probs[b, tau], g_indptr, g_members, member_weight, q_c)
+        if tau < gamma:
+            _all_group_masses(draft_probs[b, tau], g_indptr, g_members, member_weight, p_c)
+        else:
+            p_c[:] = 0.0
+        w32 = np.float32(weights[tau])
+        total = 0.0
+        for g in range(num_groups):
+            excess = q_c[g] * w32 - p_c[g]
+            residual[g] = excess if excess > 0 else 0.0
+            total += residual[g]
+        if total <= 0.0:  # only through rounding (see residual_rows): draw from Q_c there
+            for g in range(num_groups):
+                residual[g] = q_c[g]
+        group = draw_index(residual, u_emit[b])
+        # the token inside: p's members where P_c > 0 before the bonus slot, else q's
+        source = draft_probs[b, tau] if tau < gamma and p_c[group] > 0 else target_probs[b, tau]
+        start, end = g_indptr[group], g_indptr[group + 1]
+        for m in range(start, end):
+            inside[m - start] = source[g_members[m]] * member_weight[m]
+        tokens[b, :] = -1
+        groups[b, :] = -1
+        for j in range(tau):
+            tokens[b, j] = draft_tokens[b, j]
+            groups[b, j] = labels[j]
+        tokens[b, tau] = g_members[start + draw_index(inside[: end - start], u_token[b])]
+        if tau < gamma:
+            groups[b, tau] = group
+        num_accepted[b] = tau
+
+
+def block_group_verify_compiled(layout: GroupLayout, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
+                                target_probs: torch.Tensor, u: VerifyUniforms) -> Verdict:
+    b, g = draft_tokens.shape
+    tokens = torch.empty(b, g + 1, dtype=torch.long)
+    groups = torch.empty(b, g + 1, dtype=torch.long)
+    num_accepted = torch.empty(b, dtype=torch.long)
+    _block_group_rows(draft_tokens.long().contiguous().numpy(), draft_probs.float().contiguous().numpy(),
+                      target_probs.float().contiguous().numpy(), u.accept.numpy(), u.emit.numpy(),
+                      u.token.numpy(), *layout.arrays(), tokens.numpy(), groups.numpy(), num_accepted.numpy())
+    return Verdict(tokens, num_accepted, groups)
+
+
+def block_group_verify_torch(layout: GroupLayout, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
+                             target_probs: torch.Tensor, u: VerifyUniforms) -> Verdict:
+    b, g = draft_tokens.shape
+    table, device = layout.table, draft_probs.device
+    labels, eta = table.draw_label(draft_tokens, u.accept)  # K_j ~ w_{·,x_j}; eta independent of K
+    draft_c = table.coarse(draft_probs.float())  # P_c [B, γ, M]
+    target_c = table.coarse(target_probs.float())  # Q_c [B, γ+1, M]
+    at = labels[:, :, None]
+    weights = running_weights(torch.gather(target_c[:, :g], 2, at).squeeze(2),
+                              torch.gather(draft_c, 2, at).squeeze(2))  # [B, γ+1]
+    excess = weighted_excess(weights, target_c, draft_c)  # [B, γ+1, M]
+    tau = stop_position(weights, excess, eta)
+    group = sample_rows(residual_rows(excess, target_c, tau), None, u=u.emit)  # [B]
+    # the token inside K' from r(·|K'): p's members where P_c(K') > 0 before the bonus slot, else q's
+    rows = torch.arange(b, device=device)
+    drafted = tau < g
+    p_group = torch.where(drafted, draft_c[rows, tau.clamp(max=g - 1), group], 0.0)
+    source = torch.where((p_group > 0)[:, None], draft_probs[rows, tau.clamp(max=g - 1)].float(),
+                         target_probs[rows, tau].float())  # [B, V]
+    last_token = layout.draw_members(source, group, u.token)
+    return assemble(draft_tokens, tau, last_token, lambda: (labels, torch.where(drafted, group, -1)))
+
+
+BLOCK_GROUP_VERIFY = Twin(torch=block_group_verify_torch, compiled=block_group_verify_compiled)

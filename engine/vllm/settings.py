@@ -4,8 +4,8 @@ does), and how a request picks its rule (`SamplingParams.extra_args["pcgtts"]`).
 
 vLLM keeps `speculative_config.rejection_sample_method="standard"`: its draft model then keeps each
 proposal's full distribution (`draft_sample_method="probabilistic"`), which our rules need, and `exact` *is*
-vLLM's standard rejection sampler. Every other rule of engine.acceptance (pcg, ssd, topk, lantern) verifies
-through verify.py."""
+vLLM's standard rejection sampler. PCG verifies through verify.py; the other rules
+(block, pcg-block, ssd, topk, lantern) run on the built-in engine only."""
 
 from __future__ import annotations
 

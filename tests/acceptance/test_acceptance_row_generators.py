@@ -20,9 +20,10 @@ def rows_of(seed: int, positions: int) -> torch.Tensor:
                         for r in range(ROWS)]).float()
 
 
-@pytest.mark.parametrize("rule", ["exact", "ssd", "pcg"])
+@pytest.mark.parametrize("rule", ["exact", "ssd", "pcg", "block", "pcg-block"])
 def test_rows_verified_together_match_each_generator_alone(rule):
-    params = {"table": ASGTable.from_groups(GROUPS, V), "residual": "enumerate"} if rule == "pcg" else {}
+    params = {"pcg": {"table": ASGTable.from_groups(GROUPS, V), "residual": "enumerate"},
+              "pcg-block": {"table": ASGTable.from_groups(GROUPS, V)}}.get(rule, {})
     verifier = make_rule(rule, **params)
     assert verifier.row_draws
     draft_probs, target_probs = rows_of(1, GAMMA), rows_of(2, GAMMA + 1)
@@ -45,6 +46,9 @@ RULE_SPECS = {
     "topk": ("topk", {"k": 3}), "lantern": ("lantern", {"k": 4, "delta": 0.2, "table": "groups"}),
     "pcg": ("pcg", {"table": "groups", "residual": "enumerate"}),
     "pcg-torch": ("pcg", {"table": "groups", "residual": "enumerate", "ops": TORCH_OPS}),
+    "block": ("block", {}), "block-torch": ("block", {"ops": TORCH_OPS}),
+    "pcg-block": ("pcg-block", {"table": "groups"}),
+    "pcg-block-torch": ("pcg-block", {"table": "groups", "ops": TORCH_OPS}),
 }
 
 

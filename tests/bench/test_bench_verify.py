@@ -40,10 +40,12 @@ def test_verify_bench_times_every_rule_against_exact(tmp_path):
     result = json.loads((tmp_path / "out" / "verify_bundle.json").read_text())
     rows = result["rows"]
     assert {r["batch"] for r in rows} == {1, 2}
-    assert {r["rule"] for r in rows} == {"exact", "exact torch ops", "ssd β=0.2", "top-k k=3", "pcg θ=0.25",
-                                         "pcg θ=0.25 torch ops"}
+    assert {r["rule"] for r in rows} == {"exact", "exact torch ops", "block", "block torch ops", "ssd β=0.2",
+                                         "top-k k=3", "pcg θ=0.25", "pcg θ=0.25 torch ops",
+                                         "pcg-block θ=0.25", "pcg-block θ=0.25 torch ops"}
     for r in rows:
         assert r["steps"] > 0 and len(r["runs"]) == 2 and r["us_per_verify"] > 0
+        assert 0 <= r["accepted_per_row"] <= 3 and r["accepted_per_row_se"] >= 0
         if r["rule"] == "exact":
             assert r["x_exact"] == 1.0
     assert result["command"].startswith("pcgtts bench verify --model")

@@ -109,12 +109,13 @@ def empirical_joint(engine: Engine, params: SamplingParams, n: int) -> torch.Ten
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("rule", ["exact", "pcg-singletons"])
+@pytest.mark.parametrize("rule", ["exact", "pcg-singletons", "block"])
 def test_speculative_sampling_has_target_distribution(models, tmp_path, setting, rule):
     target, draft = models
     params = SETTINGS[setting]
     config = engine_config(target, draft=draft, num_speculative_tokens=2, max_num_seqs=256,
-                          max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=7)
+                          max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=7,
+                          acceptance="block" if rule == "block" else "exact")
     if rule == "pcg-singletons":
         from pcgtts.asg_tables import ASGTable
 
@@ -154,8 +155,10 @@ def test_pcg_singletons_equal_exact_when_greedy(models, tmp_path):
     assert sorted(engine.rules.built()) == [("exact", None), ("pcg", "singletons")]  # default table by name
 
 
-def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
-    """Sampled (T > 0): with group k = {k}, PCG replays exact's random draws, so seeded outputs match."""
+@pytest.mark.parametrize("token_rule,group_rule", [("exact", "pcg"), ("block", "pcg-block")])
+def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path, token_rule, group_rule):
+    """Sampled (T > 0): with group k = {k}, PCG replays exact's random draws (pcg-block block's), so seeded
+    outputs match."""
     from pcgtts.asg_tables import ASGTable
 
     ASGTable.from_groups([], V).save(tmp_path / "singletons.asg")
@@ -163,22 +166,28 @@ def test_pcg_singletons_equal_exact_under_the_same_seed(models, tmp_path):
     params = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=100 + i, constraint=MergeOnto())
               for i in range(len(prompts))]
     outs, drafted = {}, {}
-    for rule in ("exact", "pcg"):
+    for rule in (token_rule, group_rule):
         engine = Engine(engine_config(models[0], draft=models[1], acceptance=rule,
                                      asg_table=tmp_path / "singletons.asg", num_speculative_tokens=3))
         gens = engine.generate(prompts, params)
         outs[rule] = [g.token_ids for g in gens]
         drafted[rule] = [(g.num_drafted, g.num_accepted) for g in gens]
-    assert outs["pcg"] == outs["exact"]
-    assert drafted["pcg"] == drafted["exact"]
-    assert 0 < sum(a for _, a in drafted["exact"]) < sum(d for d, _ in drafted["exact"])  # both branches
+    assert outs[group_rule] == outs[token_rule]
+    assert drafted[group_rule] == drafted[token_rule]
+    assert 0 < sum(a for _, a in drafted[token_rule]) < sum(d for d, _ in drafted[token_rule])  # both ran
 
 
-@pytest.mark.parametrize("kind", ["llama", "feature-head"])
-def test_seeded_requests_reproduce_whatever_shares_the_batch(models, tmp_path, kind):
-    """With either draft: a head row's first step is target-only whatever shares the batch, too."""
+@pytest.mark.parametrize("kind,rule", [("llama", "exact"), ("feature-head", "exact"), ("llama", "block"),
+                                       ("llama", "pcg-block")])
+def test_seeded_requests_reproduce_whatever_shares_the_batch(models, tmp_path, kind, rule):
+    """With either draft: a head row's first step is target-only whatever shares the batch, too. The block
+    rules' verifies draw per row as the token-level ones do (`row_draws`)."""
+    from pcgtts.asg_tables import ASGTable
+
     draft = models[1] if kind == "llama" else save_feature_head(models[0], tmp_path / "head")
-    engine = Engine(engine_config(models[0], draft=draft, num_speculative_tokens=3, seed=1))
+    ASGTable.from_groups([GROUP, [1, 2]], V).save(tmp_path / "groups.asg")
+    engine = Engine(engine_config(models[0], draft=draft, num_speculative_tokens=3, seed=1, acceptance=rule,
+                                  asg_table=tmp_path / "groups.asg"))
     params = SamplingParams(temperature=1.0, max_tokens=30, seed=1234)
     alone = engine.generate([PROMPT], params)[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=n) for n in (5, 30, 12)]

@@ -13,6 +13,8 @@ from pcgtts.engine.ops import COMPILED_MAX_V, TORCH_OPS, Ops, Twin
 from pcgtts.engine.ops.marker_merge import MARKER_MERGE
 from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.ops.verify import (
+    BLOCK_GROUP_VERIFY,
+    BLOCK_VERIFY,
     GROUP_VERIFY,
     TOKEN_VERIFY,
     GroupLayout,
@@ -137,6 +139,45 @@ def test_token_verify_forms_agree():
             assert bool((got.groups == -1).all())  # token-level: no group labels
             seen |= set(got.num_accepted.tolist())
     assert seen == set(range(gamma + 1))
+
+
+def test_block_verify_forms_agree():
+    """Same uniforms, same verdicts, at the demo vocabulary and a small one: the loop forms the weighted
+    excess in float32 as the torch ops do; only its masses are summed in another order (float64 in the
+    loop), which could move a stop test landing within rounding of its threshold (never here). Calls of 32
+    rows: one cumulative sum per residual draw in both forms."""
+    rows, gamma, seen = 32, 3, set()
+    gen = torch.Generator().manual_seed(4)
+    for vocab in (12, 1200):
+        for step in range(150):
+            drafts, p, q = verify_inputs(rows, gamma, vocab, step, gen)
+            u = VerifyUniforms.draw(gen, rows, gamma, torch.device("cpu"))
+            want, got = both_forms(BLOCK_VERIFY, lambda: (drafts, p, q, u))  # noqa: B023
+            assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
+            assert bool((got.groups == -1).all())
+            seen |= set(got.num_accepted.tolist())
+    assert seen == set(range(gamma + 1))
+
+
+@pytest.mark.parametrize("batch", [1, 6, 64])
+def test_block_group_verify_forms_agree(batch):
+    """pcg-block over real overlapping groups, from the same uniforms: the same accepted counts, tokens and
+    groups but where a stop test or a draw lands within float32 rounding of its threshold (the torch ops
+    sum group masses by a sparse product, the loop member by member): at most 1 row in 1,000."""
+    vocab, gamma = 1200, 3
+    layout = GroupLayout(overlapping_table(vocab, batch))
+    gen = torch.Generator().manual_seed(10 + batch)
+    counts = torch.zeros(gamma + 1, dtype=torch.long)
+    differing = 0
+    for step in range(40):
+        drafts, p, q = verify_inputs(batch, gamma, vocab, step, gen)
+        u = VerifyUniforms.draw(gen, batch, gamma, torch.device("cpu"), in_group=True)
+        want, got = both_forms(BLOCK_GROUP_VERIFY, lambda: (layout, drafts, p, q, u))  # noqa: B023
+        differing += int(((got.tokens != want.tokens) | (got.groups != want.groups)
+                          | (got.num_accepted != want.num_accepted)[:, None]).any(1).sum())
+        counts += torch.bincount(got.num_accepted, minlength=gamma + 1)
+    assert differing <= 40 * batch // 1000
+    assert bool((counts > 0).all())
 
 
 def test_padded_and_ragged_layouts_give_the_same_verdicts():

@@ -67,6 +67,8 @@ def crowd(speculative: bool, n: int = 14) -> list[tuple[list[int], SamplingParam
             kw["repetition_penalty"] = 1.2
         if speculative:
             kw["acceptance"] = rng.choice([None, "exact", "ssd", "topk", "lantern"])
+            if i % 8 in (3, 4):  # the block rules too, drawing nothing more from rng (the same schedule)
+                kw["acceptance"] = "block" if i % 8 == 3 else "pcg-block"
             kw["num_speculative_tokens"] = rng.choice([None, 1, 2])
         abort = rng.randrange(5, 60) if i % 6 == 5 else None
         out.append((prompt.token_ids, SamplingParams(**kw), rng.randrange(0, 40), abort))
