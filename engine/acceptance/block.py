@@ -16,11 +16,10 @@ CPU, torch ops elsewhere); its torch steps also run over ASG group labels in pcg
 
 from __future__ import annotations
 
-from pcgtts.engine.acceptance.base import AcceptanceRule, check_shapes
-from pcgtts.engine.acceptance.sampling import VerifyUniforms
+from pcgtts.engine.acceptance.base import AcceptanceRule
 from pcgtts.engine.acceptance.verdict import Verdict
 from pcgtts.engine.ops import Ops
-from pcgtts.engine.ops.verify import BLOCK_VERIFY
+from pcgtts.engine.ops.verify import BLOCK_VERIFY, verify_tokens
 
 
 class BlockRule(AcceptanceRule):
@@ -33,8 +32,4 @@ class BlockRule(AcceptanceRule):
         self.ops = ops
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
-        check_shapes(draft_tokens, draft_probs, target_probs)
-        b, g = draft_tokens.shape
-        u = VerifyUniforms.draw(generator, b, g, draft_probs.device)
-        verify = Ops.given_or_for(self.ops, draft_probs).form(BLOCK_VERIFY)
-        return verify(draft_tokens, draft_probs, target_probs, u)
+        return verify_tokens(BLOCK_VERIFY, self.ops, draft_tokens, draft_probs, target_probs, generator)

@@ -7,11 +7,10 @@ The verify is engine/ops/verify.py's TOKEN_VERIFY, as torch ops or as a compiled
 
 from __future__ import annotations
 
-from pcgtts.engine.acceptance.base import TokenLevelRule, check_shapes
-from pcgtts.engine.acceptance.sampling import VerifyUniforms
+from pcgtts.engine.acceptance.base import TokenLevelRule
 from pcgtts.engine.acceptance.verdict import Verdict
 from pcgtts.engine.ops import Ops
-from pcgtts.engine.ops.verify import TOKEN_VERIFY, ratio_test
+from pcgtts.engine.ops.verify import TOKEN_VERIFY, ratio_test, verify_tokens
 
 
 class ExactRule(TokenLevelRule):
@@ -26,8 +25,4 @@ class ExactRule(TokenLevelRule):
         return ratio_test(draft_tokens, draft_probs, target_probs, u)
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
-        check_shapes(draft_tokens, draft_probs, target_probs)
-        b, g = draft_tokens.shape
-        u = VerifyUniforms.draw(generator, b, g, draft_probs.device)
-        verify = Ops.given_or_for(self.ops, draft_probs).form(TOKEN_VERIFY)
-        return verify(draft_tokens, draft_probs, target_probs, u)
+        return verify_tokens(TOKEN_VERIFY, self.ops, draft_tokens, draft_probs, target_probs, generator)

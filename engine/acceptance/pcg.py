@@ -65,14 +65,18 @@ class PCGRule(AcceptanceRule):
             self.layout = GroupLayout(self.table)
         return self.layout
 
-    def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
+    def _checked_layout(self, draft_tokens, draft_probs, target_probs) -> GroupLayout:
+        """The table's layout on the tensors' device, once their shapes and vocabulary fit the table."""
         check_shapes(draft_tokens, draft_probs, target_probs)
-        device, vocab = draft_probs.device, draft_probs.shape[-1]
-        layout = self._layout_on(device)
+        vocab = draft_probs.shape[-1]
         if vocab != self.table.vocab_size:
             raise ValueError(f"probs over {vocab} tokens, ASG table over {self.table.vocab_size}")
+        return self._layout_on(draft_probs.device)
+
+    def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
+        layout = self._checked_layout(draft_tokens, draft_probs, target_probs)
         b, g = draft_tokens.shape
-        u = VerifyUniforms.draw(generator, b, g, device, in_group=self.residual == "enumerate")
+        u = VerifyUniforms.draw(generator, b, g, draft_probs.device, in_group=self.residual == "enumerate")
         if self.residual == "enumerate":
             verify = Ops.given_or_for(self.ops, draft_probs).form(GROUP_VERIFY)
             return verify(layout, draft_tokens, draft_probs, target_probs, u)

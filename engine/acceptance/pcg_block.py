@@ -19,7 +19,6 @@ The math is engine/ops/verify.py's BLOCK_GROUP_VERIFY: block's torch steps over 
 from __future__ import annotations
 
 from pcgtts.asg_tables.table import ASGTable
-from pcgtts.engine.acceptance.base import check_shapes
 from pcgtts.engine.acceptance.pcg import PCGRule
 from pcgtts.engine.acceptance.sampling import VerifyUniforms
 from pcgtts.engine.acceptance.verdict import Verdict
@@ -41,12 +40,8 @@ class PCGBlockRule(PCGRule):
         super().__init__(table, residual="enumerate", ops=ops)
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
-        check_shapes(draft_tokens, draft_probs, target_probs)
-        device, vocab = draft_probs.device, draft_probs.shape[-1]
-        layout = self._layout_on(device)
-        if vocab != self.table.vocab_size:
-            raise ValueError(f"probs over {vocab} tokens, ASG table over {self.table.vocab_size}")
+        layout = self._checked_layout(draft_tokens, draft_probs, target_probs)
         b, g = draft_tokens.shape
-        u = VerifyUniforms.draw(generator, b, g, device, in_group=True)
+        u = VerifyUniforms.draw(generator, b, g, draft_probs.device, in_group=True)
         verify = Ops.given_or_for(self.ops, draft_probs).form(BLOCK_GROUP_VERIFY)
         return verify(layout, draft_tokens, draft_probs, target_probs, u)

@@ -40,13 +40,14 @@ import torch
 from pcgtts.asg_tables.table import ASGTable
 from pcgtts.engine.acceptance.base import (
     assemble,
+    check_shapes,
     count_accepted,
     token_level_verdict,
     token_probs,
 )
 from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows, sample_segments, uniform
 from pcgtts.engine.acceptance.verdict import Verdict
-from pcgtts.engine.ops import Twin
+from pcgtts.engine.ops import Ops, Twin
 from pcgtts.engine.ops.kernel import cpu_kernel, draw_index
 
 # Up to this vocabulary size the group masses are read from padded member matrices ([M, largest group]):
@@ -384,6 +385,51 @@ def block_verify_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, ta
     return assemble(draft_tokens, tau, sample_rows(residual_rows(excess, target_probs, tau), None, u=u.emit))
 
 
+@cpu_kernel()
+def _next_weight(w: float, q_x: float, p_x: float) -> float:
+    """Block verification's running weight min(w·q(x)/p(x), 1) (0 where w·q(x) is 0)."""
+    scaled = w * q_x
+    return 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_x else scaled / p_x)
+
+
+@cpu_kernel()
+def _excess_mass(q: np.ndarray, p: np.ndarray, w: float) -> float:
+    """Σ max(w·q - p, 0) over float32 q, p, formed in float32 as the torch ops form it, summed in float64."""
+    w32 = np.float32(w)
+    mass = 0.0
+    for t in range(q.shape[0]):
+        excess = q[t] * w32 - p[t]
+        if excess > 0:
+            mass += excess
+    return mass
+
+
+@cpu_kernel()
+def _block_residual(q: np.ndarray, p: np.ndarray, w: float, subtract: bool, out: np.ndarray) -> None:
+    """out = max(w·q - p, 0) (p left out where not `subtract`: the bonus slot); q itself where that is all
+    zero, which happens only through rounding (see residual_rows)."""
+    w32 = np.float32(w)
+    total = 0.0
+    for t in range(q.shape[0]):
+        excess = q[t] * w32
+        if subtract:
+            excess = excess - p[t]
+        out[t] = excess if excess > 0 else 0.0
+        total += out[t]
+    if total <= 0.0:
+        for t in range(q.shape[0]):
+            out[t] = q[t]
+
+
+@cpu_kernel()
+def _stops_at(u: float, mass: float, w: float, j: int, gamma: int) -> bool:
+    """Whether the block's stop moves to j+1 (or to γ at the last position), given the uniform u, the
+    excess mass at j+1 and the running weight w after x_{j+1}: probability r / (r + 1 - w), resp. w."""
+    if j + 1 < gamma:
+        return u * (mass + 1.0 - w) < mass
+    return u < w
+
+
 @cpu_kernel("void(int64[:, ::1], float32[:, :, ::1], float32[:, :, ::1], float64[:, ::1], float64[::1], "
             "int64[:, ::1], int64[::1])")
 def _block_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, tokens, num_accepted):
@@ -399,32 +445,13 @@ def _block_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit, token
         tau = 0
         for j in range(gamma):
             x = draft_tokens[b, j]
-            p_x = np.float64(draft_probs[b, j, x])
-            scaled = w * np.float64(target_probs[b, j, x])
-            w = 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_x else scaled / p_x)
+            w = _next_weight(w, np.float64(target_probs[b, j, x]), np.float64(draft_probs[b, j, x]))
             weights[j + 1] = w
-            if j + 1 < gamma:  # mark j+1 with probability r / (r + 1 - w)
-                w32 = np.float32(w)
-                mass = 0.0
-                for t in range(vocab):
-                    excess = target_probs[b, j + 1, t] * w32 - draft_probs[b, j + 1, t]
-                    if excess > 0:
-                        mass += excess
-                if u_accept[b, j] * (mass + 1.0 - w) < mass:
-                    tau = j + 1
-            elif u_accept[b, j] < w:
-                tau = gamma
-        w32 = np.float32(weights[tau])
-        total = 0.0
-        for t in range(vocab):
-            excess = target_probs[b, tau, t] * w32
-            if tau < gamma:
-                excess = excess - draft_probs[b, tau, t]
-            residual[t] = excess if excess > 0 else 0.0
-            total += residual[t]
-        if total <= 0.0:  # only through rounding (see residual_rows): draw from q there
-            for t in range(vocab):
-                residual[t] = target_probs[b, tau, t]
+            mass = _excess_mass(target_probs[b, j + 1], draft_probs[b, j + 1], w) if j + 1 < gamma else 0.0
+            if _stops_at(u_accept[b, j], mass, w, j, gamma):
+                tau = j + 1
+        _block_residual(target_probs[b, tau], draft_probs[b, min(tau, gamma - 1)], weights[tau], tau < gamma,
+                        residual)
         tokens[b, :] = -1
         for j in range(tau):
             tokens[b, j] = draft_tokens[b, j]
@@ -444,6 +471,16 @@ def block_verify_compiled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
 
 
 BLOCK_VERIFY = Twin(torch=block_verify_torch, compiled=block_verify_compiled)
+
+
+def verify_tokens(op: Twin, ops: Ops | None, draft_tokens: torch.Tensor, draft_probs: torch.Tensor,
+                  target_probs: torch.Tensor, generator: torch.Generator | None) -> Verdict:
+    """A token-level verify (TOKEN_VERIFY, BLOCK_VERIFY) with its uniforms drawn in the one place, by the
+    form of `op` that `ops` picks (None: the one that applies to the tensors)."""
+    check_shapes(draft_tokens, draft_probs, target_probs)
+    b, g = draft_tokens.shape
+    u = VerifyUniforms.draw(generator, b, g, draft_probs.device)
+    return Ops.given_or_for(ops, draft_probs).form(op)(draft_tokens, draft_probs, target_probs, u)
 
 
 # ---- block verification over ASG group labels (pcg-block, engine/acceptance/pcg_block.py) ----------------
@@ -485,37 +522,21 @@ def _block_group_rows(draft_tokens, draft_probs, target_probs, u_accept, u_emit,
             labels[j] = k
             p_k = np.float32(_group_mass(draft_probs[b, j], g_indptr, g_members, member_weight, k))
             q_k = np.float32(_group_mass(target_probs[b, j], g_indptr, g_members, member_weight, k))
-            scaled = w * np.float64(q_k)
-            p_k = np.float64(p_k)
-            w = 0.0 if scaled <= 0.0 else (1.0 if scaled >= p_k else scaled / p_k)
+            w = _next_weight(w, np.float64(q_k), np.float64(p_k))
             weights[j + 1] = w
-            if j + 1 < gamma:  # mark j+1 with probability r / (r + 1 - w), r over all groups
+            mass = 0.0
+            if j + 1 < gamma:  # r over all groups
                 _all_group_masses(draft_probs[b, j + 1], g_indptr, g_members, member_weight, p_c)
                 _all_group_masses(target_probs[b, j + 1], g_indptr, g_members, member_weight, q_c)
-                w32 = np.float32(w)
-                mass = 0.0
-                for g in range(num_groups):
-                    excess = q_c[g] * w32 - p_c[g]
-                    if excess > 0:
-                        mass += excess
-                if eta * (mass + 1.0 - w) < mass:
-                    tau = j + 1
-            elif eta < w:
-                tau = gamma
+                mass = _excess_mass(q_c, p_c, w)
+            if _stops_at(eta, mass, w, j, gamma):
+                tau = j + 1
         _all_group_masses(target_probs[b, tau], g_indptr, g_members, member_weight, q_c)
         if tau < gamma:
             _all_group_masses(draft_probs[b, tau], g_indptr, g_members, member_weight, p_c)
         else:
             p_c[:] = 0.0
-        w32 = np.float32(weights[tau])
-        total = 0.0
-        for g in range(num_groups):
-            excess = q_c[g] * w32 - p_c[g]
-            residual[g] = excess if excess > 0 else 0.0
-            total += residual[g]
-        if total <= 0.0:  # only through rounding (see residual_rows): draw from Q_c there
-            for g in range(num_groups):
-                residual[g] = q_c[g]
+        _block_residual(q_c, p_c, weights[tau], True, residual)
         group = draw_index(residual, u_emit[b])
         # the token inside: p's members where P_c > 0 before the bonus slot, else q's
         source = draft_probs[b, tau] if tau < gamma and p_c[group] > 0 else target_probs[b, tau]

@@ -124,37 +124,23 @@ def test_group_verify_forms_agree(batch):
     assert bool((counts > 0).all())  # every accepted count, from a rejection at 0 to the bonus token
 
 
-def test_token_verify_forms_agree():
-    """Same uniforms, same verdicts: the group loop over singleton groups is the token-level rule. Calls
-    of 32 rows, so that the torch ops draw with one cumulative sum, as the loop does (the two-level sampler
-    of larger calls rounds differently and may move a draw that lands within rounding of a step)."""
+@pytest.mark.parametrize("op", [TOKEN_VERIFY, BLOCK_VERIFY], ids=["token", "block"])
+def test_token_level_verify_forms_agree(op):
+    """Same uniforms, same verdicts, at the demo vocabulary and a small one. Token: the group loop over
+    singleton groups is the token-level rule. Block: the loop forms the weighted excess in float32 as the
+    torch ops do; only its masses are summed in another order (float64 in the loop), which could move a
+    stop test landing within rounding of its threshold (never here). Calls of 32 rows, so that the torch ops
+    draw with one cumulative sum, as the loop does (the two-level sampler of larger calls rounds differently
+    and may move a draw that lands within rounding of a step)."""
     rows, gamma, seen = 32, 3, set()
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(3 if op is TOKEN_VERIFY else 4)
     for vocab in (12, 1200):
         for step in range(150):
             drafts, p, q = verify_inputs(rows, gamma, vocab, step, gen)
             u = VerifyUniforms.draw(gen, rows, gamma, torch.device("cpu"))
-            want, got = both_forms(TOKEN_VERIFY, lambda: (drafts, p, q, u))  # noqa: B023
+            want, got = both_forms(op, lambda: (drafts, p, q, u))  # noqa: B023
             assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
             assert bool((got.groups == -1).all())  # token-level: no group labels
-            seen |= set(got.num_accepted.tolist())
-    assert seen == set(range(gamma + 1))
-
-
-def test_block_verify_forms_agree():
-    """Same uniforms, same verdicts, at the demo vocabulary and a small one: the loop forms the weighted
-    excess in float32 as the torch ops do; only its masses are summed in another order (float64 in the
-    loop), which could move a stop test landing within rounding of its threshold (never here). Calls of 32
-    rows: one cumulative sum per residual draw in both forms."""
-    rows, gamma, seen = 32, 3, set()
-    gen = torch.Generator().manual_seed(4)
-    for vocab in (12, 1200):
-        for step in range(150):
-            drafts, p, q = verify_inputs(rows, gamma, vocab, step, gen)
-            u = VerifyUniforms.draw(gen, rows, gamma, torch.device("cpu"))
-            want, got = both_forms(BLOCK_VERIFY, lambda: (drafts, p, q, u))  # noqa: B023
-            assert torch.equal(got.num_accepted, want.num_accepted) and torch.equal(got.tokens, want.tokens)
-            assert bool((got.groups == -1).all())
             seen |= set(got.num_accepted.tolist())
     assert seen == set(range(gamma + 1))
 
