@@ -103,22 +103,27 @@ def verify_inputs(batch: int, gamma: int, vocab: int, step: int, gen: torch.Gene
 
 
 @pytest.mark.parametrize("batch", [1, 6, 64])
-def test_group_verify_forms_agree(batch):
-    """Over real overlapping groups at the demo bundle's vocabulary, from the same uniforms: the same
-    accepted counts always (both test in float64), the same emitted token and group but where a draw
-    lands within float32 rounding of a step of the residual's cumulative sum (the torch ops sum groups in
-    float32, the loop in float64): at most 1 row in 1,000."""
+@pytest.mark.parametrize("op", [GROUP_VERIFY, BLOCK_GROUP_VERIFY], ids=["pcg", "pcg-block"])
+def test_group_verify_forms_agree(op, batch):
+    """Over real overlapping groups at the demo bundle's vocabulary, from the same uniforms. pcg: the same
+    accepted counts always (both test in float64), the same emitted token and group but where a draw lands
+    within float32 rounding of a step of the residual's cumulative sum (the torch ops sum groups in float32,
+    the loop in float64). pcg-block: the same accepted counts, tokens and groups but where a stop test or a
+    draw lands within float32 rounding of its threshold (the torch ops sum group masses by a sparse product,
+    the loop member by member). Either: at most 1 row in 1,000."""
     vocab, gamma = 1200, 3
     layout = GroupLayout(overlapping_table(vocab, batch))
-    gen = torch.Generator().manual_seed(batch)
+    gen = torch.Generator().manual_seed(batch if op is GROUP_VERIFY else 10 + batch)
     counts = torch.zeros(gamma + 1, dtype=torch.long)
     differing = 0
     for step in range(40):
         drafts, p, q = verify_inputs(batch, gamma, vocab, step, gen)
         u = VerifyUniforms.draw(gen, batch, gamma, torch.device("cpu"), in_group=True)
-        want, got = both_forms(GROUP_VERIFY, lambda: (layout, drafts, p, q, u))  # noqa: B023
-        assert torch.equal(got.num_accepted, want.num_accepted)
-        differing += int(((got.tokens != want.tokens) | (got.groups != want.groups)).any(1).sum())
+        want, got = both_forms(op, lambda: (layout, drafts, p, q, u))  # noqa: B023
+        if op is GROUP_VERIFY:
+            assert torch.equal(got.num_accepted, want.num_accepted)
+        differing += int(((got.tokens != want.tokens) | (got.groups != want.groups)
+                          | (got.num_accepted != want.num_accepted)[:, None]).any(1).sum())
         counts += torch.bincount(got.num_accepted, minlength=gamma + 1)
     assert differing <= 40 * batch // 1000
     assert bool((counts > 0).all())  # every accepted count, from a rejection at 0 to the bonus token
@@ -143,27 +148,6 @@ def test_token_level_verify_forms_agree(op):
             assert bool((got.groups == -1).all())  # token-level: no group labels
             seen |= set(got.num_accepted.tolist())
     assert seen == set(range(gamma + 1))
-
-
-@pytest.mark.parametrize("batch", [1, 6, 64])
-def test_block_group_verify_forms_agree(batch):
-    """pcg-block over real overlapping groups, from the same uniforms: the same accepted counts, tokens and
-    groups but where a stop test or a draw lands within float32 rounding of its threshold (the torch ops
-    sum group masses by a sparse product, the loop member by member): at most 1 row in 1,000."""
-    vocab, gamma = 1200, 3
-    layout = GroupLayout(overlapping_table(vocab, batch))
-    gen = torch.Generator().manual_seed(10 + batch)
-    counts = torch.zeros(gamma + 1, dtype=torch.long)
-    differing = 0
-    for step in range(40):
-        drafts, p, q = verify_inputs(batch, gamma, vocab, step, gen)
-        u = VerifyUniforms.draw(gen, batch, gamma, torch.device("cpu"), in_group=True)
-        want, got = both_forms(BLOCK_GROUP_VERIFY, lambda: (layout, drafts, p, q, u))  # noqa: B023
-        differing += int(((got.tokens != want.tokens) | (got.groups != want.groups)
-                          | (got.num_accepted != want.num_accepted)[:, None]).any(1).sum())
-        counts += torch.bincount(got.num_accepted, minlength=gamma + 1)
-    assert differing <= 40 * batch // 1000
-    assert bool((counts > 0).all())
 
 
 def test_padded_and_ragged_layouts_give_the_same_verdicts():
