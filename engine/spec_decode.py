@@ -154,7 +154,7 @@ class SpeculativeDecoder:
         g, dev = self.num_speculative_tokens, self.device
         b = len(seqs)
         lengths = [s.length for s in seqs]
-        caps = torch.tensor([min(g, s.params.num_speculative_tokens or g) for s in seqs], device=dev)  # [B]
+        caps = [min(g, s.params.num_speculative_tokens or g) for s in seqs]  # each row's own γ
         # What the target scores: [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1; the draft writes its
         # proposals straight into `ids` and reads its inputs from it (column j is the draft's j-th input).
         ids = torch.tensor([[s.token_ids[-1]] + [0] * g for s in seqs], device=dev)  # [B, γ+1]
@@ -168,7 +168,8 @@ class SpeculativeDecoder:
         made = propose(seqs, sampler, ids, positions, drafts, draft_probs, confidence, caps)
         for _ in range(g - made):  # a row's generator gives γ draws per step however many proposals are made,
             sampler.uniforms()  # so what a seeded row draws next does not depend on its batch mates
-        row_gammas = confident_lengths(confidence[:, :made], caps, self.draft_confidence).tolist()
+        row_gammas = caps if not self.draft_confidence else confident_lengths(
+            confidence[:, :made], torch.tensor(caps, device=dev), self.draft_confidence).tolist()
         # The target scores only as many drafts as the longest row verifies (every count runs eagerly; with
         # captured graphs, which hold γ+1 tokens per row, it scores all γ and ignores the rest).
         if self.target.captured is None:
@@ -197,16 +198,22 @@ class SpeculativeDecoder:
         return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=row_gammas)
 
     def _draw_draft(self, sampler: BatchSampler, logits: torch.Tensor, j: int, drafts: torch.Tensor,
-                    draft_probs: torch.Tensor, confidence: torch.Tensor, caps: torch.Tensor) -> bool:
+                    draft_probs: torch.Tensor, confidence: torch.Tensor, caps: list[int]) -> bool:
         """Draw proposal j of every row from the draft's logits ([B, 1, V]) into drafts / draft_probs /
-        confidence; whether any row goes on to proposal j+1."""
+        confidence; whether any row goes on to proposal j+1. Without a confidence threshold that is decided
+        by the rows' γ alone, on the host (no device sync per proposal)."""
         drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
+        if j + 1 >= max(caps):
+            return False
+        if not self.draft_confidence:
+            return True
         confidence[:, j] = draft_probs[:, j].gather(1, drafts[:, j, None]).squeeze(1)
-        return still_drafting(confidence[:, :j + 1], caps, self.draft_confidence)
+        return still_drafting(confidence[:, :j + 1], torch.tensor(caps, device=confidence.device),
+                              self.draft_confidence)
 
     def _propose_with_head(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
                            positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                           confidence: torch.Tensor, caps: torch.Tensor) -> int:
+                           confidence: torch.Tensor, caps: list[int]) -> int:
         """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts).
         Returns the proposals made per row (the rest of the buffers stay unwritten)."""
         states = torch.stack([s.draft_state for s in seqs])  # [B, d]
@@ -219,7 +226,7 @@ class SpeculativeDecoder:
 
     def _propose_with_draft(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
                             positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                            confidence: torch.Tensor, caps: torch.Tensor) -> int:
+                            confidence: torch.Tensor, caps: list[int]) -> int:
         """The Llama draft: catch up on uncached tokens (the last one, or the last two after a fully accepted
         round), then one forward per proposed token. Returns the proposals made per row."""
         g, b = self.num_speculative_tokens, len(seqs)
