@@ -33,9 +33,8 @@ import httpx
 import numpy as np
 from pcgtts.bench.common import machine as machine_record
 from pcgtts.bench.common import write_json
-from pcgtts.bench.served import quantile, stall_seconds, start_server
+from pcgtts.bench.served import OUTPUT_RATE, quantile, stall_seconds, start_server
 
-OUTPUT_RATE = 24000
 TARGET_S = 0.5  # the bound on first audio after the first sentence's final character (p50)
 # Written for this benchmark (in no training corpus): a short answer of four sentences.
 ANSWER = ("Sure, I can help with that. The train to the harbour leaves at half past seven every morning. "

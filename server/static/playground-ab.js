@@ -24,8 +24,8 @@ for (const side of ["A", "B"]) {
 
 function sideIds(side) {
   const p = `ab-${side.toLowerCase()}`;
-  return { acceptance: `${p}-acceptance`, table: `${p}-asg-table`, draftTokens: `${p}-draft-tokens`, wave: `${p}-wave`,
-           trace: `${p}-trace`, stats: `${p}-stats`, play: `${p}-play` };
+  return { acceptance: `${p}-acceptance`, table: `${p}-asg-table`, draftTokens: `${p}-draft-tokens`,
+           wave: `${p}-wave`, trace: `${p}-trace`, stats: `${p}-stats`, play: `${p}-play` };
 }
 
 // The choices GET /v1/models offers; A defaults to exact verification, B to PCG (when tables are loaded).
