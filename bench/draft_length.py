@@ -16,19 +16,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from pcgtts.bench.common import (
-    DecodeTally,
-    batched,
-    bundle_engine,
-    machine,
-    ratio,
-    speech_requests,
-    write_json,
-)
+from pcgtts.bench.common import batched, bundle_engine, machine, ratio, speech_requests, write_json
+from pcgtts.bench.step_speed import run_once
 from pcgtts.engine import Engine
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -55,17 +47,13 @@ def parse_setting(text: str) -> tuple[int, float]:
 def decode(engine: Engine, batches: list[tuple[list, list]]) -> dict:
     """Decode the batches one after another: totals, and drafts verified / accepted per position."""
     before = engine.metrics()
-    start = time.perf_counter()
-    gens = [g for prompts, params in batches for g in engine.generate(prompts, params)]
-    wall = time.perf_counter() - start
+    totals = run_once(engine, batches)
     after = engine.metrics()
-    tally = DecodeTally.of(gens)
     drafted = [a - b for a, b in zip(after.spec_drafted_per_position, before.spec_drafted_per_position,
                                      strict=True)]
     accepted = [a - b for a, b in zip(after.spec_accepted_per_position, before.spec_accepted_per_position,
                                            strict=True)]
-    return {"tokens_per_s": tally.tokens / wall, "wall_s": wall, **tally.fields(),
-            "drafted_per_position": drafted, "accepted_per_position": accepted}
+    return totals | {"drafted_per_position": drafted, "accepted_per_position": accepted}
 
 
 def run(args) -> dict:

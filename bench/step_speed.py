@@ -68,8 +68,7 @@ def run_once(engine: Engine, batches: list[tuple[list, list]]) -> dict:
     gens = [g for prompts, params in batches for g in engine.generate(prompts, params)]
     wall = time.perf_counter() - start
     tally = DecodeTally.of(gens)
-    return {"tokens": tally.tokens, "wall_s": wall, "tokens_per_s": tally.tokens / wall,
-            "acceptance_rate": tally.acceptance_rate, "tokens_per_verify_step": tally.tokens_per_verify_step}
+    return {"wall_s": wall, "tokens_per_s": tally.tokens / wall, **tally.fields()}
 
 
 def head_step(engine: Engine):
