@@ -100,12 +100,20 @@ def token_level_verdict(
         x = torch.gather(draft_tokens, 1, num_accepted.clamp(max=g - 1)[:, None]).squeeze(1)
         taken = subtrahend(taken, x)
     residual = rows_at(target_probs, num_accepted).sub_(taken).clamp_(min=0.0)  # [B, V], own copy
-    # A residual can vanish only where p == q, which rejects with probability 0; fall back to q there so
-    # the vectorised draw is always well defined.
+    # a residual can vanish only where p == q, which rejects with probability 0
+    residual = target_where_empty(residual, target_probs, num_accepted)
+    return assemble(draft_tokens, num_accepted, sample_rows(residual, None, u=u_emit))
+
+
+def target_where_empty(residual: torch.Tensor, target_probs: torch.Tensor,
+                       position: torch.Tensor) -> torch.Tensor:
+    """residual [B, X] (modified in place) with each row that has no mass replaced by q at that row's
+    position (target_probs [B, γ+1, X], position Long[B]): a residual vanishes only through rounding or
+    where p == q, so the draw from it is always well defined."""
     empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
     if empty.numel():
-        residual[empty] = target_probs[empty, num_accepted[empty]].float()
-    return assemble(draft_tokens, num_accepted, sample_rows(residual, None, u=u_emit))
+        residual[empty] = target_probs[empty, position[empty]].float()
+    return residual
 
 
 class AcceptanceRule(ABC):

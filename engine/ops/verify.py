@@ -42,6 +42,7 @@ from pcgtts.engine.acceptance.base import (
     assemble,
     check_shapes,
     count_accepted,
+    target_where_empty,
     token_level_verdict,
     token_probs,
 )
@@ -368,11 +369,7 @@ def residual_rows(excess: torch.Tensor, target: torch.Tensor, tau: torch.Tensor)
     position with no residual mass is never marked, and τ = 0 has mass unless p_0 = q_0, which marks a
     later position surely)."""
     rows = torch.arange(excess.shape[0], device=excess.device)
-    residual = excess[rows, tau].clamp_(min=0.0)
-    empty = torch.nonzero(residual.sum(-1) <= 0).flatten()
-    if empty.numel():
-        residual[empty] = target[empty, tau[empty]].float()
-    return residual
+    return target_where_empty(excess[rows, tau].clamp_(min=0.0), target, tau)
 
 
 def block_verify_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
