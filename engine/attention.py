@@ -9,7 +9,10 @@ Backends:
 - `sdpa`: gather each sequence's keys/values block by block (whole blocks are contiguous, so the copy
   runs at memory speed), or read them in place from the runner's KV mirror (engine/kv_mirror.py, CPU
   eager), then `scaled_dot_product_attention` with a per-position causal mask. Works on any device and
-  dtype; the default.
+  dtype; the default. On the CPU in float32 with the compiled ops, forwards whose metadata carries
+  `row_positions` (the runner decides: decode and verify forwards, and every forward under a
+  batch-invariance plan) attend each row over its own keys instead (engine/ops/row_attention.py: no
+  context padding, no mask, no rows sitting out attended, the same bits in any batch).
 - `flash_attn`: flash-attn's paged `flash_attn_with_kvcache` (CUDA, fp16/bf16, block_size a multiple of
   256), opt-in where the `flash_attn` package is installed. Query rows are left-padded by the runner, so
   the kernel's bottom-right causal alignment puts every real query at its own position.
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from pcgtts.engine.batch_invariance import attend, causal_mask, pad_rows
+from pcgtts.engine.ops.row_attention import ROW_ATTENTION
 
 if TYPE_CHECKING:
     from pcgtts.engine.kv_mirror import MirrorBatch
@@ -39,14 +43,17 @@ class PagedBatch:
     positions: torch.Tensor  # Long[B, T] logical position of each query token (0 for padding)
     slot_mapping: torch.Tensor  # Long[B*T] cache slot each new K/V is written to (scratch for padding)
     # key j visible to query t iff j <= positions[b, t]: Bool[B, 1, T, ctx], or additive (0 visible, -inf
-    # hidden) in the model's float dtype (see `build_paged_batch`)
-    mask: torch.Tensor
+    # hidden) in the model's float dtype (see `build_paged_batch`); None with `row_positions`
+    mask: torch.Tensor | None
     context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
     block_tables: torch.Tensor  # Long[B, M]
     block_size: int
     # each row's K/V also held contiguous (engine/kv_mirror.py): attend reads it instead of gathering
     # blocks; None: gather (captured graphs, CUDA, prefill chunks, or over the mirror's memory bound)
     mirror: MirrorBatch | None = None
+    # Long[B, T] query positions, -1 for padding: attention runs each row over its own keys up to them
+    # (engine/ops/row_attention.py; `mask` is then None); None: SDPA over `mask`
+    row_positions: torch.Tensor | None = None
 
     @property
     def seq_lens(self) -> torch.Tensor:
@@ -56,7 +63,8 @@ class PagedBatch:
 
 def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables: torch.Tensor,
                       block_size: int, scratch_block: int,
-                      mask_dtype: torch.dtype = torch.bool, query_quantum: int = 1) -> PagedBatch:
+                      mask_dtype: torch.dtype = torch.bool, query_quantum: int = 1,
+                      row_attention: bool = False) -> PagedBatch:
     """positions Long[B, T], valid Bool[B, T], block_tables Long[B, M] padded with `scratch_block`.
 
     M * block_size must cover every valid position; context length is taken from M (the caller sizes M to
@@ -64,15 +72,17 @@ def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables
     mask (torch's CPU attention kernel adds a float mask as it goes but first converts a bool one, per
     layer: 6-18% of an attention call at decode sizes here). query_quantum: the mask gets rows for T
     rounded up to a multiple of it (padding queries that see key 0 only), and attention pads the queries
-    to match (engine/batch_invariance.py)."""
+    to match (engine/batch_invariance.py). row_attention: no mask; the rows' own attention reads
+    `row_positions` instead."""
     b, t = positions.shape
+    row_positions = torch.where(valid, positions, torch.full_like(positions, -1)) if row_attention else None
     positions = torch.where(valid, positions, torch.zeros_like(positions))
     slot = torch.gather(block_tables, 1, positions // block_size) * block_size + positions % block_size
     slot = torch.where(valid, slot, torch.full_like(slot, scratch_block * block_size))
     ctx = block_tables.shape[1] * block_size
-    return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1),
-                      mask=causal_mask(pad_rows(positions.T, query_quantum).T, ctx, mask_dtype),
-                      context_len=ctx, block_tables=block_tables, block_size=block_size)
+    mask = None if row_attention else causal_mask(pad_rows(positions.T, query_quantum).T, ctx, mask_dtype)
+    return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1), mask=mask, context_len=ctx,
+                      block_tables=block_tables, block_size=block_size, row_positions=row_positions)
 
 
 def pad_query_rows(mask: torch.Tensor, quantum: int) -> torch.Tensor:
@@ -120,6 +130,14 @@ class GatherSDPABackend(AttentionBackend):
         b, t, h, d = q.shape
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         mirror = meta.mirror
+        if meta.row_positions is not None:  # each row over its own keys, read in place
+            if mirror is None:
+                keys, values, rows = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), None
+            else:
+                mirror.write(layer, k, v)
+                keys, values, rows = mirror.mirror.keys[layer], mirror.mirror.values[layer], mirror.rows
+            rows = torch.arange(b, device=q.device) if rows is None else rows
+            return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions).view(b, t, h * d)
         if mirror is None:
             keys, values, mask = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), meta.mask
         else:  # over the mirror's rows [0, span): this forward's rows and, between them, holes

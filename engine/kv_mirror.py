@@ -105,7 +105,7 @@ class KVMirror:
         Long[B, M]) and return the forward's write index and attention layout; None when the mirror would
         exceed `max_bytes` (the forward gathers instead). positions / valid: its [B][T] query positions and
         which of them are real tokens; mask: its attention mask [B, 1, T, ctx] (PagedBatch.mask, bool or
-        additive)."""
+        additive), None when attention reads the rows' own keys (no mask spread over the span)."""
         self.forwards += 1
         starts, ends = [], []
         for pos, ok in zip(positions, valid, strict=True):
@@ -136,6 +136,8 @@ class KVMirror:
         if rows == list(range(span)):
             return MirrorBatch(self, write_slots, None, span, None)
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        if mask is None:  # the rows' own attention (engine/ops/row_attention.py) reads rows, not a mask
+            return MirrorBatch(self, write_slots, index, span, None)
         additive = mask.dtype != torch.bool
         spread_mask = mask.new_full((span, *mask.shape[1:]), float("-inf") if additive else False)
         # a hole's dummy query sees one key, so its (dropped) softmax stays finite

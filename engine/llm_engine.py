@@ -93,7 +93,7 @@ class Engine:
         positions = self.max_model_len + gamma + 1
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir,
-                      kv_mirror_bytes=config.kv_mirror_bytes)
+                      kv_mirror_bytes=config.kv_mirror_bytes, row_attention=config.compiled_cpu_ops)
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
         target_tokens = (1, gamma + 1)

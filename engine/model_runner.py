@@ -23,11 +23,12 @@ from pcgtts.engine.model.llama import LlamaModel
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend,
                  decode_graphs: str = "eager", decode_tokens: tuple[int, ...] = (),
-                 cache_dir: Path | None = None, kv_mirror_bytes: int = 0):
+                 cache_dir: Path | None = None, kv_mirror_bytes: int = 0, row_attention: bool = False):
         """decode_graphs: "eager" | "compile" | "cuda_graphs" | "auto" (captured.resolve_mode);
         decode_tokens: the tokens-per-row counts to capture (e.g. (γ+1,) for a target);
         kv_mirror_bytes: memory bound of the KV mirror (0: none), used by eager CPU forwards with the
-        gather backend only."""
+        gather backend only; row_attention: eager CPU float32 forwards with the gather backend may attend
+        each row over its own keys (engine/ops/row_attention.py; the engine's compiled ops)."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
@@ -42,6 +43,8 @@ class ModelRunner:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
         self.plan = PLAIN
+        self.row_attention = (row_attention and self.device.type == "cpu" and backend.name == "sdpa"
+                              and model.dtype == torch.float32)
         self.mirror: KVMirror | None = None
         # prefill chunks bypass the mirror (pool only): it holds decoding rows, each gathered from the pool
         # at its first decode forward
@@ -87,7 +90,8 @@ class ModelRunner:
         with torch.inference_mode():
             if meta is None:
                 meta = build_paged_batch(positions, valid, tables, self.block_size,
-                                         self.cache.scratch_block, self.mask_dtype, self.plan.row_quantum)
+                                         self.cache.scratch_block, self.mask_dtype, self.plan.row_quantum,
+                                         self.rows_attend(input_ids.shape[1]))
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
             elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:
@@ -99,6 +103,14 @@ class ModelRunner:
                     meta = replace(meta, mirror=mirrored)
             return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
+    def rows_attend(self, tokens_per_row: int) -> bool:
+        """Whether a forward of this many tokens per row attends each row over its own keys
+        (engine/ops/row_attention.py): decode and verify forwards, and under a batch-invariance plan every
+        forward, so a position's K/V computed by a prefill (a preempted or prefix-shared row) is the same
+        bits as by decode steps. Prefill chunks without a plan keep SDPA, whose matrix products take long
+        query blocks faster than the row loop."""
+        return self.row_attention and (self.plan.active or tokens_per_row <= self.mirror_max_tokens)
+
     def column_metas(self, positions: torch.Tensor, tables: torch.Tensor) -> list[PagedBatch] | None:
         """Attention metadata of J one-token forwards at the columns of Long[B, J] positions (all valid),
         built in one go: the draft's proposals of one step. None when those forwards replay captured graphs
@@ -106,9 +118,14 @@ class ModelRunner:
         if self.captured is not None and self.captured.handles(1):
             return None
         b, j = positions.shape
+        rows_attend = self.rows_attend(1)
         meta = build_paged_batch(positions, torch.ones_like(positions, dtype=torch.bool), tables,
-                                 self.block_size, self.cache.scratch_block, self.mask_dtype)
+                                 self.block_size, self.cache.scratch_block, self.mask_dtype,
+                                 row_attention=rows_attend)
         slots = meta.slot_mapping.view(b, j)
+        if rows_attend:
+            return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],
+                            row_positions=meta.row_positions[:, c:c + 1]) for c in range(j)]
         # each one-token forward's mask: its column, then the padding queries' rows the plan asks for
         padding = pad_query_rows(meta.mask[:, :, :1], self.plan.row_quantum)[:, :, 1:]
         return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],

@@ -4,6 +4,8 @@
     marker_merge.py   the demo family's marker-merge decode constraint (engine/speech/demo/constraint.py)
     verify.py         the verify of one speculation round: coarse (PCG, over ASG groups), exact (tokens),
                       block verification (block)
+    row_attention.py  causal attention of each row over its own keys (the CPU forwards' attention; the
+                      model runner decides where it runs, engine/model_runner.py `rows_attend`)
 
 Each operation is a `Twin`: its `torch` form (tensor ops: any device and dtype; what CUDA runs) and its
 `compiled` form (one numba loop per call over CPU tensors: at small vocabularies a decoding step between

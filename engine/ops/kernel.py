@@ -12,17 +12,25 @@ from collections.abc import Callable
 import numpy as np
 from numba import njit
 
+# float flags that let LLVM vectorise a loop's sums (reassociate, fuse multiply-adds) while infinities and
+# NaNs keep their meaning (numba's fastmath=True would also assume there are none)
+REASSOCIATE = frozenset({"reassoc", "contract", "arcp", "nsz"})
 
-def cpu_kernel(signature: str | None = None) -> Callable[[Callable], Callable]:
+
+def cpu_kernel(signature: str | None = None,
+               fastmath: frozenset | bool = False) -> Callable[[Callable], Callable]:
     """Decorator: njit(signature, nogil=True), cached on disk when possible. With a signature the loop is
-    compiled at import (or loaded from the cache), not on its first call."""
+    compiled at import (or loaded from the cache), not on its first call. fastmath: numba's flags (e.g.
+    REASSOCIATE); the sums of such a loop are grouped as the vector width has it, the same grouping at
+    every call of one length."""
     args = (signature,) if signature else ()
+    flags = set(fastmath) if isinstance(fastmath, frozenset) else fastmath
 
     def decorate(fn: Callable) -> Callable:
         try:
-            return njit(*args, cache=True, nogil=True)(fn)
+            return njit(*args, cache=True, nogil=True, fastmath=flags)(fn)
         except RuntimeError:  # "cannot cache function ...: no locator available"
-            return njit(*args, nogil=True)(fn)
+            return njit(*args, nogil=True, fastmath=flags)(fn)
 
     return decorate
 

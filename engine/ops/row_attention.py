@@ -1,0 +1,129 @@
+"""Causal attention of each row's queries over that row's own keys, read in place (the KV mirror or gathered
+blocks): the CPU forwards' attention.
+
+    out = form(q [B, T, H, D], keys [R, S, H_kv, D], values [R, S, H_kv, D], rows Long[B],
+               positions Long[B, T])  ->  out [B, T, H, D]
+
+Batch row b attends over keys[rows[b], :p + 1] for each query at position p = positions[b, t]; a
+position of -1 marks a padding query (its output is zeros). Float32 on the CPU.
+
+Why a loop of its own: torch's CPU attention kernel runs over a context padded to the batch's longest row,
+every row of the mirror's span (rows sitting a step out included), with a mask built per forward; on the
+2-core build machines its decode-sized calls are far from the memory traffic they need. The compiled form
+reads each row's keys once up to its own last position, no further. And it is batch-invariant by
+construction: a query's numbers come from its own q, its own keys and its own position only (its sums run
+over j <= p in one order whatever else the call holds), so a query computes the same bits in a decode
+step, a verify step, a prefill chunk of any length, alone or beside any batch mates; no padding of contexts
+or query blocks is needed (engine/batch_invariance.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pcgtts.engine.ops import Twin
+from pcgtts.engine.ops.kernel import REASSOCIATE, cpu_kernel
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+
+
+@cpu_kernel("float32(float32[::1], float32, int64, int32[::1])", fastmath=REASSOCIATE)
+def _exp_shifted(s, top, n, bits):
+    """s[:n] <- exp(s[:n] - top) (each argument <= 0) -> their sum. Cephes' expf (2^k · e^r, a degree-5
+    polynomial on |r| <= ln2/2; within 4 float32 epsilons, tested), written out so the loop vectorises;
+    libm's expf is one call per element."""
+    for j in range(n):
+        x = max(s[j] - top, np.float32(-87.0))  # below this exp underflows float32
+        k = np.floor(x * _LOG2E + np.float32(0.5))
+        r = x - k * _LN2_HI - k * _LN2_LO
+        p = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        s[j] = p * (r * r) + r + np.float32(1.0)
+        bits[j] = (np.int32(k) + np.int32(127)) << np.int32(23)  # 2^k as float32 bits
+    powers = bits[:n].view(np.float32)
+    total = np.float32(0.0)
+    for j in range(n):
+        e = s[j] * powers[j]
+        s[j] = e
+        total += e
+    return total
+
+
+@cpu_kernel("void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], int64[::1], "
+            "int64[:, ::1], float32[:, :, :, ::1])", fastmath=REASSOCIATE)
+def _attend_rows(q, keys, values, rows, positions, out):
+    b_rows, t_len, heads, dim = q.shape
+    group = heads // keys.shape[2]  # query heads per K/V head
+    scale = np.float32(1.0 / math.sqrt(dim))
+    longest = 0
+    for b in range(b_rows):
+        for t in range(t_len):
+            longest = max(longest, positions[b, t] + 1)
+    scores = np.zeros((t_len, heads, max(longest, 1)), np.float32)
+    bits = np.zeros(max(longest, 1), np.int32)
+    acc = np.zeros(dim, np.float32)
+    for b in range(b_rows):
+        r = rows[b]
+        n = 0
+        for t in range(t_len):
+            n = max(n, positions[b, t] + 1)
+        # scores[t, h, j] = q·k / sqrt(D) for every key of the row (each key read once for all its queries)
+        for j in range(n):
+            for h in range(heads):
+                kv = h // group
+                for t in range(t_len):
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += q[b, t, h, d] * keys[r, j, kv, d]
+                    scores[t, h, j] = dot * scale
+        for t in range(t_len):
+            p = positions[b, t]
+            for h in range(heads):
+                if p < 0:  # a padding query
+                    for d in range(dim):
+                        out[b, t, h, d] = 0.0
+                    continue
+                s = scores[t, h]
+                top = s[0]
+                for j in range(1, p + 1):
+                    top = max(top, s[j])
+                inv = np.float32(1.0) / _exp_shifted(s, top, p + 1, bits)
+                kv = h // group
+                for d in range(dim):
+                    acc[d] = 0.0
+                for j in range(p + 1):
+                    w = s[j] * inv
+                    for d in range(dim):
+                        acc[d] += w * values[r, j, kv, d]
+                for d in range(dim):
+                    out[b, t, h, d] = acc[d]
+
+
+def attend_rows_compiled(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+                         positions: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(q.shape, dtype=torch.float32)
+    _attend_rows(q.contiguous().numpy(), keys.numpy(), values.numpy(), rows.numpy(),
+                 positions.contiguous().numpy(), out.numpy())
+    return out
+
+
+def attend_rows_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+    """The same from torch ops: each row's keys selected, a causal mask from the positions, SDPA."""
+    longest = int(positions.max()) + 1 if positions.numel() else 1
+    k, v = keys[rows, :max(longest, 1)], values[rows, :max(longest, 1)]  # [B, ctx, H_kv, D]
+    visible = torch.arange(k.shape[1], device=q.device)[None, None, :] <= positions[:, :, None]
+    visible[..., 0] |= positions < 0  # a padding query sees key 0 (its output is zeroed below)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=visible[:, None], enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2).masked_fill((positions < 0)[:, :, None, None], 0.0)
+
+
+ROW_ATTENTION = Twin(torch=attend_rows_torch, compiled=attend_rows_compiled)

@@ -1,0 +1,71 @@
+"""engine/ops/row_attention.py: the rows' own attention. Its compiled form agrees with the torch form (SDPA
+over each row's keys with a causal mask), a query's output is the same bits whatever shares the call (batch
+mates, their lengths, its place, the number of queries of its row, a prefill chunk or one decode query),
+padding queries give zeros, and the polynomial exp is within a few float32 epsilons of float64's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pcgtts.engine.ops.row_attention import ROW_ATTENTION, _exp_shifted
+
+
+def case(seed: int, batch: int, tokens: int, heads: int, kv_heads: int, storage: int = 600, dim: int = 64):
+    """q [B, T, H, D], keys/values [R, S, H_kv, D] with R > B rows in shuffled order, positions Long[B, T]
+    (consecutive per row; rows 1, 4, ... left-padded with -1), rows Long[B]."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, tokens, heads, dim, generator=g)
+    keys = torch.randn(batch + 3, storage, kv_heads, dim, generator=g) * 2
+    values = torch.randn(batch + 3, storage, kv_heads, dim, generator=g)
+    rows = torch.randperm(batch + 3, generator=g)[:batch]
+    last = torch.randint(tokens, storage - 1, (batch,), generator=g)
+    positions = last[:, None] - tokens + 1 + torch.arange(tokens)[None, :]
+    pad = max(tokens - 1, 1) * (torch.arange(batch) % 3 == 1)  # a one-token row of padding alone
+    positions = torch.where(torch.arange(tokens)[None, :] < pad[:, None], -1, positions)
+    return q, keys, values, rows, positions
+
+
+@pytest.mark.parametrize(("batch", "tokens", "heads", "kv_heads"),
+                         [(1, 1, 4, 4), (16, 1, 4, 4), (6, 4, 4, 4), (5, 4, 8, 2), (2, 37, 4, 4)])
+def test_the_compiled_form_agrees_with_sdpa_over_each_rows_keys(batch, tokens, heads, kv_heads):
+    args = case(batch * 100 + tokens, batch, tokens, heads, kv_heads)
+    compiled, reference = ROW_ATTENTION.compiled(*args), ROW_ATTENTION.torch(*args)
+    assert compiled.shape == reference.shape == args[0].shape
+    torch.testing.assert_close(compiled, reference, rtol=1e-5, atol=2e-6)
+    padding = args[4] < 0
+    assert padding.any() or batch < 2
+    assert (compiled[padding] == 0).all()
+
+
+def test_a_querys_output_is_the_same_bits_whatever_shares_the_call():
+    """Each query of a 5-row, 4-token call against the same query alone, inside a prefill-sized chunk of its
+    own row (positions 0..p), and beside mates of other lengths in another order."""
+    q, keys, values, rows, positions = case(7, 5, 4, 4, 4)
+    together = ROW_ATTENTION.compiled(q, keys, values, rows, positions)
+    shuffled = [3, 0, 4, 1, 2]
+    mates = ROW_ATTENTION.compiled(q[shuffled], keys, values, rows[shuffled], positions[shuffled])
+    g = torch.Generator().manual_seed(8)
+    for b in range(5):
+        for t in range(4):
+            p = int(positions[b, t])
+            if p < 0:
+                continue
+            alone = ROW_ATTENTION.compiled(q[b:b + 1, t:t + 1], keys, values, rows[b:b + 1],
+                                           positions[b:b + 1, t:t + 1])
+            assert torch.equal(alone[0, 0], together[b, t]), (b, t)
+            assert torch.equal(mates[shuffled.index(b), t], together[b, t])
+            # the same query as the last one of a prefill chunk over its row's positions 0..p
+            chunk = torch.randn(1, p + 1, 4, 64, generator=g)
+            chunk[0, p] = q[b, t]
+            prefill = ROW_ATTENTION.compiled(chunk, keys, values, rows[b:b + 1], torch.arange(p + 1)[None])
+            assert torch.equal(prefill[0, p], together[b, t]), (b, t)
+
+
+def test_the_exp_polynomial_is_within_a_few_epsilons():
+    x = np.linspace(-87.0, 0.0, 200_001).astype(np.float32)
+    s = x.copy()
+    total = _exp_shifted(s, np.float32(0.0), x.size, np.zeros(x.size, np.int32))
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(s - exact) / exact) <= 4 * np.finfo(np.float32).eps  # relative: denormals too
+    assert abs(total - exact.sum()) <= 1e-5 * exact.sum()
