@@ -157,7 +157,7 @@ class AsyncEngine:
 
     # ---- engine thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
-        adopt_torch_threads(self.engine.config.threads)
+        adopt_torch_threads()
         engine = self.engine
         while True:
             self._wake.clear()

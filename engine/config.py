@@ -64,10 +64,6 @@ class EngineConfig:
     # Eager CPU decoding keeps each running row's K/V contiguous too (engine/kv_mirror.py), so attention
     # reads it in place instead of gathering blocks every forward; bytes per model at most (0 = off).
     kv_mirror_bytes: int = 512 << 20
-    # Intra-op threads of the engine thread (AsyncEngine); None: the process's torch setting. A step's
-    # forwards are most of a CPU server's work and the codec thread is idle between its batches, so on a
-    # small CPU the engine may take a core more than its share (measured in bench/results/capacity/).
-    threads: int | None = None
     # The per-step work between forwards (the demo family's constraint, softmax-and-draw of each draft token,
     # exact's and PCG's verify) as compiled loops (numba, engine/ops) where they apply: on the CPU, for
     # vocabularies up to engine.ops.COMPILED_MAX_V. False: the torch ops everywhere (what CUDA runs).

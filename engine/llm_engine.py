@@ -34,7 +34,6 @@ from pcgtts.engine.scheduler import Scheduler
 from pcgtts.engine.sequence import Sequence as Seq
 from pcgtts.engine.spec_decode import SpeculativeDecoder
 from pcgtts.engine.spec_policy import SpeculationPolicy
-from pcgtts.engine.torch_threads import torch_threads
 
 DEFAULT_KV_TOKENS = 16384
 log = logging.getLogger(__name__)
@@ -158,10 +157,9 @@ class Engine:
             checks, tcfg = self._product_checks(), self.target_config
             attention = (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim, self.device, self.dtype,
                          self.target.mask_dtype)
-            with torch_threads(self.config.threads):  # the count its forwards will run with
-                key = (tuple(shape for shape, _ in checks), attention, torch.get_num_threads())
-                if key not in CALIBRATIONS:
-                    CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
+            key = (tuple(shape for shape, _ in checks), attention, torch.get_num_threads())
+            if key not in CALIBRATIONS:
+                CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
             plan = CALIBRATIONS[key]
             why = (f"no padding of rows to a multiple of {ROW_QUANTA} makes its matrix products and "
                    f"attention batch-invariant")
@@ -325,10 +323,8 @@ class Engine:
 
     def _step_clock(self):
         """What the speculation policy times steps with: on a CPU running torch on this thread alone, the
-        thread's own CPU time (other processes on a shared machine do not inflate it); else wall time.
-        The count is the config's where it sets one: torch's record is process-wide, and the codec threads
-        rewrite it with their own."""
-        if self.device.type == "cpu" and (self.config.threads or torch.get_num_threads()) == 1:
+        thread's own CPU time (other processes on a shared machine do not inflate it); else wall time."""
+        if self.device.type == "cpu" and torch.get_num_threads() == 1:
             return time.thread_time
         return time.perf_counter
 

@@ -70,10 +70,6 @@ class ServerSettings:
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")
     decode_threads: int = _opt(TTSConfig.decode_threads,
                                "codec decode threads (streams are spread over them; add with spare cores)")
-    engine_threads: int | None = _opt(TTSConfig.engine_threads,
-                                      "intra-op threads of the engine thread (default: as --torch-threads, "
-                                      "which the codec threads keep; on 2 cores a second engine thread "
-                                      "measured no capacity gain: bench/results/capacity/engine-threads/)")
     initial_codec_chunk_frames: int | None = _opt(TTSConfig.initial_codec_chunk_frames,
                                                   "frames in the codec's first block (smaller: earlier "
                                                   "first audio, thinner early buffer); default: codec's")

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-import torch
 from pcgtts.engine.codec.base import Codec, StreamingDecoder
 from pcgtts.engine.faults import is_device_fault
 from pcgtts.engine.torch_threads import adopt_torch_threads
@@ -52,11 +51,8 @@ class DecodePool:
     others get their audio as if nothing happened.
     """
 
-    def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16, torch_threads: int | None = None):
-        """torch_threads: intra-op threads of each codec thread (default: torch's setting now, so the pool
-        keeps it when the engine thread later sets its own)."""
+    def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16):
         self.codec = codec
-        self.torch_threads = torch_threads or torch.get_num_threads()
         self.max_batch = max(1, max_batch)
         self._queues: list[queue.PriorityQueue] = [queue.PriorityQueue() for _ in range(max(1, threads))]
         self._order = itertools.count()  # ties (equal deadlines) go first come, first served
@@ -98,7 +94,7 @@ class DecodePool:
         return batch, stop
 
     def _run(self, jobs: queue.PriorityQueue) -> None:
-        adopt_torch_threads(self.torch_threads)
+        adopt_torch_threads()
         stop = False
         while not stop:
             batch, stop = self._take(jobs)

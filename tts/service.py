@@ -78,7 +78,6 @@ class TTSConfig:
     deterministic: str = EngineConfig.deterministic  # batch-invariant forwards: seeded | always | off
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
-    engine_threads: int | None = EngineConfig.threads  # the engine thread's intra-op threads (EngineConfig)
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
     # codec's own. Only block codecs (the demo codec) have one.
     initial_codec_chunk_frames: int | None = None
@@ -127,10 +126,7 @@ def _dir_digest(path: Path | None, limit: int = 256 << 20) -> str:
 
 class TTSService:
     def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec,
-                 engine: StreamingEngine, presets: dict[str, VoicePrompt],
-                 codec_torch_threads: int | None = None):
-        """codec_torch_threads: the codec threads' intra-op count (DecodePool), read before the engine
-        thread set its own."""
+                 engine: StreamingEngine, presets: dict[str, VoicePrompt]):
         self.config = config
         self.bundle = bundle
         self.family = family
@@ -140,7 +136,7 @@ class TTSService:
         self.sample_rate = int(codec.sample_rate)
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
-        self.decoder = DecodePool(codec, config.decode_threads, torch_threads=codec_torch_threads)
+        self.decoder = DecodePool(codec, config.decode_threads)
         self._voice_prefixes: OrderedDict[bytes, list[int]] = OrderedDict()  # non-preset voice -> prefix
         self._voice_prefixes_lock = threading.Lock()  # pin_voice runs on worker threads, several at once
 
@@ -148,10 +144,8 @@ class TTSService:
     @classmethod
     def load(cls, config: TTSConfig) -> TTSService:
         """Blocking: loads family, codec, presets and the engine (seconds for the embedded model)."""
-        import torch
         from pcgtts.engine.async_engine import AsyncEngine
 
-        codec_torch_threads = torch.get_num_threads()  # before the engine thread may set its own
         if config.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, not {config.engine!r}")
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
@@ -179,11 +173,10 @@ class TTSService:
             compile_cache_dir=config.compile_cache_dir,
             kv_mirror_bytes=config.kv_mirror_mb << 20,
             deterministic=config.deterministic,
-            threads=config.engine_threads,
         )
         engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
             _vllm_engine(config, engine_config, family)
-        service = cls(config, bundle, family, codec, engine, {}, codec_torch_threads)
+        service = cls(config, bundle, family, codec, engine, {})
         service._presets = service._load_presets()
         service._pin_presets()
         _ = service.default_sampling  # a bad manifest fails at load, not on the first request

@@ -11,7 +11,6 @@ the test too."""
 from __future__ import annotations
 
 import copy
-import os
 import random
 
 import pytest
@@ -19,7 +18,6 @@ import torch
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
 from pcgtts.engine.sequence import Status
 from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
-from pcgtts.engine.torch_threads import torch_threads
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 BUNDLE = ModelBundle.from_dir(DEFAULT_MODEL_DIR)
@@ -77,12 +75,12 @@ def crowd(speculative: bool, n: int = 14) -> list[tuple[list[int], SamplingParam
     return out
 
 
-def make_engine(kind: str, deterministic: str = "seeded", threads: int | None = None) -> Engine:
+def make_engine(kind: str, deterministic: str = "seeded") -> Engine:
     draft = KINDS[kind]
     return Engine(EngineConfig(
         target=BUNDLE.target_dir, draft=draft, num_speculative_tokens=3 if draft else 0, acceptance="pcg",
         asg_table=BUNDLE.asg_table, extra_asg_tables=BUNDLE.extra_asg_tables, deterministic=deterministic,
-        max_num_seqs=8, kv_budget_tokens=700, max_num_batched_tokens=160, threads=threads))
+        max_num_seqs=8, kv_budget_tokens=700, max_num_batched_tokens=160))
 
 
 def run_alone(engine: Engine) -> tuple[list[int], list[torch.Tensor]]:
@@ -113,18 +111,9 @@ def run_in_crowd(engine: Engine, probe_joins: int) -> tuple[list[int], list[torc
     return tokens, params.constraint.seen, preempted
 
 
-# the server's engine thread takes every core of a CPU (server.settings): a product split over two threads
-# must keep each row's bits too, so the plan is calibrated and checked at that count as well
-THREADS = [(kind, 1) for kind in KINDS] + [("feature-head", 2)] * ((os.cpu_count() or 1) >= 2)
-
-
-@pytest.mark.parametrize(("kind", "threads"), THREADS)
-def test_a_seeded_request_is_the_same_alone_and_in_any_crowd(kind, threads):
-    with torch_threads(threads):  # the engine's forwards run on this thread: at the configured count
-        check_alone_and_in_crowds(make_engine(kind, threads=threads))
-
-
-def check_alone_and_in_crowds(engine: Engine) -> None:
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_seeded_request_is_the_same_alone_and_in_any_crowd(kind):
+    engine = make_engine(kind)
     assert engine.invariance.active
     alone, alone_logits = run_alone(engine)
     assert len(alone) > 150
