@@ -68,6 +68,10 @@ class EngineConfig:
     # exact's and PCG's verify) as compiled loops (numba, engine/ops) where they apply: on the CPU, for
     # vocabularies up to engine.ops.COMPILED_MAX_V. False: the torch ops everywhere (what CUDA runs).
     compiled_cpu_ops: bool = True
+    # Attention of eager CPU float32 forwards: "rows" (each row over its own keys, read in place:
+    # engine/ops/row_attention.py; with the compiled ops) or "sdpa" (torch's kernel over a padded context
+    # with a mask). Elsewhere (CUDA, other dtypes, captured graphs) the attention backend's own.
+    cpu_attention: str = "rows"
     seed: int = 0  # seeds the generator shared by requests without their own seed
     # Batch-invariant forwards (engine/batch_invariance.py): every row's arithmetic the same bits whatever
     # shares its forward, so a seeded request gives the same tokens alone or beside any others. "seeded":
@@ -80,6 +84,7 @@ class EngineConfig:
 
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
+CPU_ATTENTION = ("rows", "sdpa")
 
 
 def check_prompt(prompt_ids, vocab_size: int, max_model_len: int) -> list[int]:

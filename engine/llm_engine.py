@@ -21,7 +21,13 @@ import torch
 from pcgtts.engine.acceptance import RuleCache
 from pcgtts.engine.attention import make_backend
 from pcgtts.engine.batch_invariance import CALIBRATIONS, PLAIN, ROW_QUANTA, InvariancePlan, calibrate
-from pcgtts.engine.config import DETERMINISTIC_MODES, EngineConfig, SamplingParams, check_prompt
+from pcgtts.engine.config import (
+    CPU_ATTENTION,
+    DETERMINISTIC_MODES,
+    EngineConfig,
+    SamplingParams,
+    check_prompt,
+)
 from pcgtts.engine.faults import isolate_faults, snapshot
 from pcgtts.engine.metrics import Counters, EngineMetrics
 from pcgtts.engine.model.captured import resolve_mode
@@ -67,6 +73,8 @@ class Engine:
         self.config = config
         if not 0.0 <= config.draft_confidence <= 1.0:
             raise ValueError(f"draft_confidence must lie in [0, 1], not {config.draft_confidence}")
+        if config.cpu_attention not in CPU_ATTENTION:
+            raise ValueError(f"cpu_attention must be one of {CPU_ATTENTION}, not {config.cpu_attention!r}")
         self.device = torch.device(config.device)
         self.decode_graphs = resolve_mode(config.decode_graphs, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device, compiled=self.decode_graphs == "compile")
@@ -92,7 +100,8 @@ class Engine:
         positions = self.max_model_len + gamma + 1
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir,
-                      kv_mirror_bytes=config.kv_mirror_bytes, row_attention=config.compiled_cpu_ops)
+                      kv_mirror_bytes=config.kv_mirror_bytes,
+                      row_attention=config.compiled_cpu_ops and config.cpu_attention == "rows")
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
         target_tokens = (1, gamma + 1)

@@ -65,6 +65,8 @@ class ServerSettings:
     deterministic: str = _opt(TTSConfig.deterministic, "batch-invariant forwards, so a seed fixes the audio "
                               "whatever shares the batch: seeded (steps holding a seeded request, and "
                               "prefills) | always | off")
+    cpu_attention: str = _opt(TTSConfig.cpu_attention, "eager CPU float32 attention: rows (each sequence "
+                              "over its own keys, read in place) | sdpa (torch's kernel, padded context)")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
     max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")

@@ -76,6 +76,7 @@ class TTSConfig:
     compile_cache_dir: str | Path | None = None  # inductor's cache for decode_graphs=compile
     kv_mirror_mb: int = EngineConfig.kv_mirror_bytes >> 20  # eager CPU: contiguous per-row K/V, MiB per model
     deterministic: str = EngineConfig.deterministic  # batch-invariant forwards: seeded | always | off
+    cpu_attention: str = EngineConfig.cpu_attention  # eager CPU attention: rows | sdpa (EngineConfig)
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
@@ -173,6 +174,7 @@ class TTSService:
             compile_cache_dir=config.compile_cache_dir,
             kv_mirror_bytes=config.kv_mirror_mb << 20,
             deterministic=config.deterministic,
+            cpu_attention=config.cpu_attention,
         )
         engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
             _vllm_engine(config, engine_config, family)
