@@ -58,6 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeded", action="store_true",
                         help="seed every request (its steps then take the batch-invariant forwards); "
                              "default: unseeded, as `bench load` sends them")
+    parser.add_argument("--cpu-attention", default=None, choices=["rows", "sdpa"],
+                        help="EngineConfig.cpu_attention (default: its default)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity"))
 
@@ -208,7 +210,7 @@ def run(args) -> dict:
     most = max(args.batch_sizes)
     rows, ops = [], {}
     for rule in args.rules:
-        engine = bundle_engine(bundle, rule, max_num_seqs=most)
+        engine = bundle_engine(bundle, rule, max_num_seqs=most, cpu_attention=args.cpu_attention)
         engine.generate(*speech_requests(bundle, 2, args.temperature, 20))  # warm-up
         for b in args.batch_sizes:
             prompts, params = requests(bundle, b, args)

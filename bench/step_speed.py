@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--graphs", nargs="+", default=["eager", "compile"],
                         help="decode_graphs modes to compare (eager, compile, cuda_graphs), each optionally "
                              "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
-                             "eager+off for forwards that are not batch-invariant")
+                             "eager+off for forwards that are not batch-invariant; and optionally "
+                             "/ a CPU attention (EngineConfig.cpu_attention: rows, sdpa), e.g. eager/sdpa")
     parser.add_argument("--rules", nargs="+", default=["target-only", "exact", "pcg"],
                         help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
@@ -138,9 +139,11 @@ def run(args) -> dict:
     for graphs in args.graphs:
         for rule in args.rules:
             t0 = time.perf_counter()
-            mode, _, deterministic = graphs.partition("+")  # e.g. "eager+off"
+            mode, _, attention = graphs.partition("/")  # e.g. "eager+off/sdpa"
+            mode, _, deterministic = mode.partition("+")
             engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
                                    decode_graphs=mode, deterministic=deterministic or None,
+                                   cpu_attention=attention or None,
                                    device=args.device, dtype=args.dtype,
                                    compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,

@@ -45,3 +45,18 @@ def test_a_profiled_engine_decodes_as_before_afterwards(tmp_path):
     assert [g.token_ids for g in engine.generate(prompts, params)] == before
     args = argparse.Namespace(temperature=0.8, max_tokens=24, seeded=False)
     assert all(p.seed is None for p in profile.requests(bundle, 2, args)[1])
+
+
+def test_bench_step_runs_each_attention_it_is_given(tmp_path):
+    """`--graphs MODE[+DETERMINISTIC][/ATTENTION]`: one engine per form, each reported under its label."""
+    bundle = build_tiny_bundle(tmp_path / "bundle")
+    out = tmp_path / "out"
+    assert pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager", "eager+off/sdpa",
+                        "--rules", "target-only", "--batch-sizes", "2", "--repeats", "1",
+                        "--max-tokens", "12", "--utterances", "2", "--out", str(out)]) == 0
+    rows = json.loads((out / "step_speed.json").read_text())["rows"]
+    assert {r["graphs"] for r in rows} == {"eager", "eager+off/sdpa"}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    tiny = ModelBundle.from_dir(bundle)
+    engines = {a: bundle_engine(tiny, "pcg", cpu_attention=a) for a in ("rows", "sdpa")}
+    assert engines["rows"].target.row_attention and not engines["sdpa"].target.row_attention

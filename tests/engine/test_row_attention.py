@@ -69,3 +69,28 @@ def test_the_exp_polynomial_is_within_a_few_epsilons():
     exact = np.exp(x.astype(np.float64))
     assert np.max(np.abs(s - exact) / exact) <= 4 * np.finfo(np.float32).eps  # relative: denormals too
     assert abs(total - exact.sum()) <= 1e-5 * exact.sum()
+
+
+def test_the_engine_decodes_alike_with_either_attention_and_refuses_others(tmp_path):
+    """An engine over a tiny model with the rows' own attention (prefill chunks, decode and verify steps,
+    the KV mirror on and off) generates the greedy tokens torch's kernel does; an unknown name fails at
+    start."""
+    from engine_support import engine_config, save_tiny_pair
+    from pcgtts.engine import Engine, SamplingParams
+
+    target, draft = save_tiny_pair(tmp_path, seed=3)
+    prompts = [[3, 4, 5], list(range(20, 90)), [9] * 7]
+    params = SamplingParams(temperature=0, max_tokens=40)
+
+    def tokens(**kw):
+        engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3,
+                                      max_num_batched_tokens=32, **kw))
+        assert engine.target.row_attention == (kw.get("cpu_attention", "rows") == "rows")
+        return [g.token_ids for g in engine.generate(prompts, params)]
+
+    reference = tokens(cpu_attention="sdpa")
+    assert tokens() == reference
+    assert tokens(kv_mirror_bytes=0) == reference
+    assert tokens(deterministic="always") == reference
+    with pytest.raises(ValueError, match="cpu_attention"):
+        Engine(engine_config(target, cpu_attention="flash"))

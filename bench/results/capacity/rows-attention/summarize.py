@@ -1,0 +1,38 @@
+"""Tabulate the alternating `pcgtts bench load` sweeps kept beside this script (one directory per sweep, each
+with the load.json its `--out` wrote), for this directory's README.
+
+    .venv/bin/python bench/results/capacity/rows-attention/summarize.py
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def row_at(result: dict, streams: int) -> dict | None:
+    return next((r for r in result["rows"] if r["concurrency"] == streams), None)
+
+
+def main() -> None:
+    sweeps = sorted(p for p in HERE.iterdir() if (p / "load.json").exists())
+    print("| sweep | capacity | audio s per server CPU-s there | 1 stream: TTFA p50 | 16 streams: audio s "
+          "per s, TTFA p95, stall p95 |")
+    print("| --- | --- | --- | --- | --- |")
+    by_kind: dict[str, list[int]] = {}
+    for sweep in sweeps:
+        result = json.loads((sweep / "load.json").read_text())
+        one, sixteen, there = row_at(result, 1), row_at(result, 16), result["at_capacity"]
+        by_kind.setdefault(sweep.name.rsplit("-", 1)[0], []).append(result["capacity"])
+        per_cpu = f"{there['audio_s_per_server_cpu_s']:.1f}" if there else "-"
+        print(f"| {sweep.name} | {result['capacity']} | {per_cpu} | {one['ttfa_p50_s']:.3f} s | "
+              f"{sixteen['audio_s_per_wall_s']:.1f}, {sixteen['ttfa_p95_s']:.2f} s, "
+              f"{sixteen['stall_p95_s']:.2f} s |")
+    print()
+    for kind, capacities in by_kind.items():
+        print(f"- {kind}: capacities {capacities}, median {statistics.median(capacities)}")
+
+
+if __name__ == "__main__":
+    main()
