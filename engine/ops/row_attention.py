@@ -62,18 +62,13 @@ def _attend_rows(q, keys, values, rows, positions, out):
     b_rows, t_len, heads, dim = q.shape
     group = heads // keys.shape[2]  # query heads per K/V head
     scale = np.float32(1.0 / math.sqrt(dim))
-    longest = 0
-    for b in range(b_rows):
-        for t in range(t_len):
-            longest = max(longest, positions[b, t] + 1)
-    scores = np.zeros((t_len, heads, max(longest, 1)), np.float32)
-    bits = np.zeros(max(longest, 1), np.int32)
+    longest = max(positions.max() + 1, 1)  # keys of the call's longest row
+    scores = np.zeros((t_len, heads, longest), np.float32)
+    bits = np.zeros(longest, np.int32)
     acc = np.zeros(dim, np.float32)
     for b in range(b_rows):
         r = rows[b]
-        n = 0
-        for t in range(t_len):
-            n = max(n, positions[b, t] + 1)
+        n = positions[b].max() + 1  # this row's keys (0 for a row of padding)
         # scores[t, h, j] = q·k / sqrt(D) for every key of the row (each key read once for all its queries)
         for j in range(n):
             for h in range(heads):
