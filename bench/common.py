@@ -155,12 +155,12 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
                   decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
                   compile_cache_dir: Path | None = None, deterministic: str | None = None,
                   draft_confidence: float = 0.0, max_num_seqs: int | None = None,
-                  cpu_attention: str | None = None) -> Engine:
+                  cpu_attention: str | None = None, cpu_weights: str | None = None) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
     EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
-    is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa (None for
-    these: EngineConfig's)."""
+    is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa;
+    cpu_weights: fp16 | fp32 (None for these: EngineConfig's)."""
     from pcgtts.engine import Engine, EngineConfig
     from pcgtts.engine.acceptance import uses_asg_table
 
@@ -173,4 +173,5 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
         decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir, draft_confidence=draft_confidence,
         **({} if deterministic is None else {"deterministic": deterministic}),
         **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
-        **({} if cpu_attention is None else {"cpu_attention": cpu_attention})))
+        **({} if cpu_attention is None else {"cpu_attention": cpu_attention}),
+        **({} if cpu_weights is None else {"cpu_weights": cpu_weights})))

@@ -60,6 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: unseeded, as `bench load` sends them")
     parser.add_argument("--cpu-attention", default=None, choices=["rows", "sdpa"],
                         help="EngineConfig.cpu_attention (default: its default)")
+    parser.add_argument("--cpu-weights", default=None, choices=["fp16", "fp32"],
+                        help="EngineConfig.cpu_weights (default: its default)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity"))
 
@@ -210,7 +212,8 @@ def run(args) -> dict:
     most = max(args.batch_sizes)
     rows, ops = [], {}
     for rule in args.rules:
-        engine = bundle_engine(bundle, rule, max_num_seqs=most, cpu_attention=args.cpu_attention)
+        engine = bundle_engine(bundle, rule, max_num_seqs=most, cpu_attention=args.cpu_attention,
+                               cpu_weights=args.cpu_weights)
         engine.generate(*speech_requests(bundle, 2, args.temperature, 20))  # warm-up
         for b in args.batch_sizes:
             prompts, params = requests(bundle, b, args)

@@ -29,6 +29,7 @@ import torch
 from pcgtts.bench.common import DecodeTally, batched, bundle_engine, machine, speech_requests, write_json
 from pcgtts.engine import Engine
 from pcgtts.engine.block_manager import SeqBlocks
+from pcgtts.engine.config import CPU_ATTENTION, CPU_WEIGHTS
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 RULES = ("target-only", "exact", "block", "pcg", "pcg-block")
@@ -42,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode_graphs modes to compare (eager, compile, cuda_graphs), each optionally "
                              "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
                              "eager+off for forwards that are not batch-invariant; and optionally "
-                             "/ a CPU attention (EngineConfig.cpu_attention: rows, sdpa), e.g. eager/sdpa")
+                             "/ a CPU attention (EngineConfig.cpu_attention: rows, sdpa) and / the CPU "
+                             "weights (EngineConfig.cpu_weights: fp16, fp32), e.g. eager/sdpa/fp32")
     parser.add_argument("--rules", nargs="+", default=["target-only", "exact", "pcg"],
                         help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
@@ -139,11 +141,16 @@ def run(args) -> dict:
     for graphs in args.graphs:
         for rule in args.rules:
             t0 = time.perf_counter()
-            mode, _, attention = graphs.partition("/")  # e.g. "eager+off/sdpa"
+            mode, *settings = graphs.split("/")  # e.g. "eager+off/sdpa/fp32"
+            unknown = [s for s in settings if s not in CPU_ATTENTION + CPU_WEIGHTS]
+            if unknown:
+                raise SystemExit(f"--graphs {graphs}: unknown setting {unknown[0]!r} (CPU attention "
+                                 f"{', '.join(CPU_ATTENTION)}; CPU weights {', '.join(CPU_WEIGHTS)})")
             mode, _, deterministic = mode.partition("+")
             engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
                                    decode_graphs=mode, deterministic=deterministic or None,
-                                   cpu_attention=attention or None,
+                                   cpu_attention=next((s for s in settings if s in CPU_ATTENTION), None),
+                                   cpu_weights=next((s for s in settings if s in CPU_WEIGHTS), None),
                                    device=args.device, dtype=args.dtype,
                                    compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,

@@ -7,14 +7,17 @@ these places only:
 
 - GEMMs by row count: MKL's sgemm computes a row with a different kernel when the product has few rows
   (on the build machines: 1-3 rows against 4 or more; with MKL_CBWR=COMPATIBLE, multiples of 8 only), so a
-  one-token forward of one sequence and the same token inside a batch of four rounded differently. Within
-  the invariant class every row of every product is the same bits whatever the row count, so inputs are
-  padded with zero rows up to a multiple of `row_quantum`, measured at start-up (`calibrate`).
+  one-token forward of one sequence and the same token inside a batch of four rounded differently;
+  fbgemm's fp16-weight GEMM (llama.Projection's half weights) runs rows in blocks of 6 on AVX2 and rounds
+  a remainder of 1-2 rows by another kernel (multiples of 3 are alike). Within the invariant class every
+  row of every product is the same bits whatever the row count, so inputs are padded with zero rows up to
+  a multiple of `row_quantum`, measured at start-up (`calibrate`).
 - Attention by query and context length: torch's CPU attention kernel splits the keys into blocks of
   `KEY_TILE` and reduces each block with a GEMM whose depth is the block's length, and splits the queries
   into blocks whose last one may be short. So contexts are padded (masked keys) to a multiple of the key
-  tile and each sequence's queries to a multiple of the row quantum; then a query's output is the same for
-  one query or a prefill chunk of hundreds, a context of its own length or a batch mate's longer one.
+  tile and each sequence's queries to a multiple of `query_quantum` (measured apart from the GEMMs');
+  then a query's output is the same for one query or a prefill chunk of hundreds, a context of its own
+  length or a batch mate's longer one.
 - RMSNorm's two forms: decode-sized inputs took a layer-norm form and prefill-sized ones `rms_norm`, which
   round differently, so K/V recomputed by a prefill (after preemption, or shared through the prefix cache)
   differed from the same positions computed by decode steps. Under a plan both take `rms_norm`.
@@ -32,7 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-ROW_QUANTA = (1, 2, 4, 8, 16)  # candidates, smallest (cheapest) first
+# candidates, smallest (cheapest) first (3 and 12: fbgemm's fp16 GEMM on AVX2, alone and beside MKL's)
+ROW_QUANTA = (1, 2, 3, 4, 8, 12, 16)
 KEY_TILE = 512  # keys per block of torch's CPU attention kernel (its kv split for float32)
 MIN_KEYS = (128, 256, 384, KEY_TILE)  # candidates for the shortest key block, smallest (cheapest) first
 # row counts checked per candidate quantum: every multiple up to this many quanta, then prefill sizes
@@ -44,7 +48,8 @@ _PREFILL_ROWS = (256, 1000)
 class InvariancePlan:
     """How forwards are padded so that each row's arithmetic is the same whatever shares it."""
 
-    row_quantum: int = 1  # GEMM inputs, and each sequence's attention queries, padded to a multiple of this
+    row_quantum: int = 1  # GEMM inputs padded to a multiple of this many rows
+    query_quantum: int = 1  # each sequence's attention queries (torch's kernel) padded to a multiple of this
     key_tile: int = 0  # keys per block of the attention kernel (0: contexts are not padded)
     min_keys: int = 0  # contexts padded so that no key block is shorter than this
 
@@ -118,7 +123,7 @@ def attention_invariant(plan: InvariancePlan, num_heads: int, num_kv_heads: int,
     q_all = torch.randn(1, longest, num_heads, head_dim, generator=gen, device=device).to(dtype)
 
     def run(first: int, count: int, context: int) -> torch.Tensor:  # [count, H, D]: queries first..
-        padded = -(-count // plan.row_quantum) * plan.row_quantum
+        padded = -(-count // plan.query_quantum) * plan.query_quantum
         pos = torch.arange(first, first + padded, device=device)
         pos = torch.where(pos < first + count, pos, 0)[None]  # padding queries see key 0 only
         out = attend(q_all[:, pos[0]], keys[:, :context], values[:, :context],
@@ -155,11 +160,13 @@ def calibrate(matmuls: list[tuple[object, int, int]], num_heads: int, num_kv_hea
     does. matmuls: (callable x [R, in] -> [R, out], in, the most rows to check) for every distinct
     projection of the models."""
     inputs = [(fn, random_rows(rows, n_in, device, dtype)) for fn, n_in, rows in matmuls]
-    for quantum in ROW_QUANTA:
-        if not all(rows_invariant(fn, x, quantum) for fn, x in inputs):
-            continue
+    row_quantum = next((q for q in ROW_QUANTA if all(rows_invariant(fn, x, q) for fn, x in inputs)), None)
+    if row_quantum is None:
+        return None
+    for query_quantum in ROW_QUANTA:
         for min_keys in MIN_KEYS:
-            plan = InvariancePlan(row_quantum=quantum, key_tile=KEY_TILE, min_keys=min_keys)
+            plan = InvariancePlan(row_quantum=row_quantum, query_quantum=query_quantum, key_tile=KEY_TILE,
+                                  min_keys=min_keys)
             if attention_invariant(plan, num_heads, num_kv_heads, head_dim, device, dtype, mask_dtype):
                 return plan
     return None

@@ -72,6 +72,11 @@ class EngineConfig:
     # engine/ops/row_attention.py; with the compiled ops) or "sdpa" (torch's kernel over a padded context
     # with a mask). Elsewhere (CUDA, other dtypes, captured graphs) the attention backend's own.
     cpu_attention: str = "rows"
+    # Weights of eager CPU float32 projections: "fp16" (products of two rows or more multiply from an fp16
+    # copy where the checkpoint's values are exactly fp16, as the shipped bundle's are: the same weights at
+    # half the bytes, engine/model/llama.py Projection) or "fp32" (MKL's products over the float32 weights
+    # only). Other checkpoints, devices and dtypes keep their own.
+    cpu_weights: str = "fp16"
     seed: int = 0  # seeds the generator shared by requests without their own seed
     # Batch-invariant forwards (engine/batch_invariance.py): every row's arithmetic the same bits whatever
     # shares its forward, so a seeded request gives the same tokens alone or beside any others. "seeded":
@@ -85,6 +90,7 @@ class EngineConfig:
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
 CPU_ATTENTION = ("rows", "sdpa")
+CPU_WEIGHTS = ("fp16", "fp32")
 
 
 def check_prompt(prompt_ids, vocab_size: int, max_model_len: int) -> list[int]:

@@ -23,6 +23,7 @@ from pcgtts.engine.attention import make_backend
 from pcgtts.engine.batch_invariance import CALIBRATIONS, PLAIN, ROW_QUANTA, InvariancePlan, calibrate
 from pcgtts.engine.config import (
     CPU_ATTENTION,
+    CPU_WEIGHTS,
     DETERMINISTIC_MODES,
     EngineConfig,
     SamplingParams,
@@ -75,6 +76,8 @@ class Engine:
             raise ValueError(f"draft_confidence must lie in [0, 1], not {config.draft_confidence}")
         if config.cpu_attention not in CPU_ATTENTION:
             raise ValueError(f"cpu_attention must be one of {CPU_ATTENTION}, not {config.cpu_attention!r}")
+        if config.cpu_weights not in CPU_WEIGHTS:
+            raise ValueError(f"cpu_weights must be one of {CPU_WEIGHTS}, not {config.cpu_weights!r}")
         self.device = torch.device(config.device)
         self.decode_graphs = resolve_mode(config.decode_graphs, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device, compiled=self.decode_graphs == "compile")
@@ -115,6 +118,9 @@ class Engine:
         if draft_config is not None:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions, compiled),
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
+        self.half_weight_products = 0  # projections multiplying from an fp16 copy of their weights
+        if config.cpu_weights == "fp16" and few_op_forms(self.device, self.dtype, compiled):
+            self.half_weight_products = sum(p.use_half_weights() for p in self._projections())
         self.invariance = self._invariance_plan()  # PLAIN when forwards are never made batch-invariant
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
@@ -166,10 +172,16 @@ class Engine:
             checks, tcfg = self._product_checks(), self.target_config
             attention = (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim, self.device, self.dtype,
                          self.target.mask_dtype)
-            key = (tuple(shape for shape, _ in checks), attention, torch.get_num_threads())
-            if key not in CALIBRATIONS:
-                CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
-            plan = CALIBRATIONS[key]
+            plan = self._calibrated(checks, attention)
+            if plan is None and self.half_weight_products:
+                # fbgemm's fp16 kernels keep rows invariant on the machines measured (multiples of 3 rows);
+                # where they do not, seeded forwards keep the fp32 products
+                log.warning("fp16-weight products are not batch-invariant here: fp32 products instead")
+                for p in self._projections():
+                    p.half = None
+                self.half_weight_products = 0
+                checks = self._product_checks()
+                plan = self._calibrated(checks, attention)
             why = (f"no padding of rows to a multiple of {ROW_QUANTA} makes its matrix products and "
                    f"attention batch-invariant")
         if plan is None:
@@ -179,9 +191,25 @@ class Engine:
                 raise ValueError(f"deterministic='always': {message}")
             log.warning("%s; a seed fixes a request's tokens only among the same batch mates", message)
             return PLAIN
-        log.info("batch-invariant forwards (%s): rows padded to a multiple of %d, key blocks of %d-%d keys",
-                 mode, plan.row_quantum, plan.min_keys, plan.key_tile)
+        log.info("batch-invariant forwards (%s): GEMM rows padded to a multiple of %d, attention queries of "
+                 "%d, key blocks of %d-%d keys", mode, plan.row_quantum, plan.query_quantum, plan.min_keys,
+                 plan.key_tile)
         return plan
+
+    @staticmethod
+    def _calibrated(checks: list[tuple[tuple, tuple]], attention: tuple) -> InvariancePlan | None:
+        """batch_invariance.calibrate over these products, measured once per process."""
+        key = (tuple(shape for shape, _ in checks), attention, torch.get_num_threads())
+        if key not in CALIBRATIONS:
+            CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
+        return CALIBRATIONS[key]
+
+    def _projections(self) -> list:
+        """Every matrix product of the target, the Llama draft and the feature head."""
+        projections = self.target.model.projections()
+        for part in (self.draft.model if self.draft else None, self.head):
+            projections += part.projections() if part is not None else []
+        return projections
 
     def _product_checks(self) -> list[tuple[tuple, tuple]]:
         """(kind, (product, in_features, rows to check)) for each distinct kind of matrix product of the
@@ -189,14 +217,11 @@ class Engine:
         sizes too."""
         decode_rows = self.config.max_num_seqs * (self.num_speculative_tokens + 1)
         heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
-        projections = self.target.model.projections()
-        for part in (self.draft.model if self.draft else None, self.head):
-            projections += part.projections() if part is not None else []
         kinds = {}
-        for p in projections:
+        for p in self._projections():
             rows = decode_rows if any(p is h for h in heads) else max(decode_rows, 1000)
-            kinds.setdefault((tuple(p.weight.shape), p.input_major, rows), p)
-        return [(kind, (p.product, p.in_features, kind[2])) for kind, p in kinds.items()]
+            kinds.setdefault((tuple(p.weight.shape), p.input_major, p.half is not None, rows), p)
+        return [(kind, (p.product, p.in_features, kind[-1])) for kind, p in kinds.items()]
 
     @property
     def asg_table_paths(self) -> dict[str, Path]:

@@ -75,7 +75,7 @@ class ModelRunner:
                  tables: torch.Tensor) -> torch.Tensor:
         """The whole forward from tensors only (what graphs capture)."""
         meta = build_paged_batch(positions, valid, tables, self.block_size, self.cache.scratch_block,
-                                 self.mask_dtype, self.plan.row_quantum)
+                                 self.mask_dtype, self.plan.query_quantum)
         return self.model.hidden_states(input_ids, meta, self.cache, self.backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
@@ -90,7 +90,7 @@ class ModelRunner:
         with torch.inference_mode():
             if meta is None:
                 meta = build_paged_batch(positions, valid, tables, self.block_size,
-                                         self.cache.scratch_block, self.mask_dtype, self.plan.row_quantum,
+                                         self.cache.scratch_block, self.mask_dtype, self.plan.query_quantum,
                                          self.rows_attend(input_ids.shape[1]))
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
@@ -127,7 +127,7 @@ class ModelRunner:
             return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],
                             row_positions=meta.row_positions[:, c:c + 1]) for c in range(j)]
         # each one-token forward's mask: its column, then the padding queries' rows the plan asks for
-        padding = pad_query_rows(meta.mask[:, :, :1], self.plan.row_quantum)[:, :, 1:]
+        padding = pad_query_rows(meta.mask[:, :, :1], self.plan.query_quantum)[:, :, 1:]
         return [replace(meta, positions=meta.positions[:, c:c + 1], slot_mapping=slots[:, c],
                         mask=torch.cat([meta.mask[:, :, c:c + 1], padding], dim=2) if padding.shape[2]
                         else meta.mask[:, :, c:c + 1]) for c in range(j)]

@@ -67,6 +67,8 @@ class ServerSettings:
                               "prefills) | always | off")
     cpu_attention: str = _opt(TTSConfig.cpu_attention, "eager CPU float32 attention: rows (each sequence "
                               "over its own keys, read in place) | sdpa (torch's kernel, padded context)")
+    cpu_weights: str = _opt(TTSConfig.cpu_weights, "eager CPU float32 projections: fp16 (multiply from an "
+                            "fp16 copy where the checkpoint's weights are exactly fp16) | fp32")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
     max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")

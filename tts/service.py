@@ -77,6 +77,7 @@ class TTSConfig:
     kv_mirror_mb: int = EngineConfig.kv_mirror_bytes >> 20  # eager CPU: contiguous per-row K/V, MiB per model
     deterministic: str = EngineConfig.deterministic  # batch-invariant forwards: seeded | always | off
     cpu_attention: str = EngineConfig.cpu_attention  # eager CPU attention: rows | sdpa (EngineConfig)
+    cpu_weights: str = EngineConfig.cpu_weights  # eager CPU projections' weights: fp16 | fp32 (EngineConfig)
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
@@ -175,6 +176,7 @@ class TTSService:
             kv_mirror_bytes=config.kv_mirror_mb << 20,
             deterministic=config.deterministic,
             cpu_attention=config.cpu_attention,
+            cpu_weights=config.cpu_weights,
         )
         engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
             _vllm_engine(config, engine_config, family)

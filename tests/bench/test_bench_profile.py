@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
 from pcgtts.bench import profile
 from pcgtts.bench.common import bundle_engine, speech_requests
-from pcgtts.tts.bundle import ModelBundle
+from pcgtts.engine.model.llama import fbgemm_half_available
+from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from server_support import build_tiny_bundle
 
 from pcgtts.cli import main as pcgtts_main
@@ -47,16 +49,23 @@ def test_a_profiled_engine_decodes_as_before_afterwards(tmp_path):
     assert all(p.seed is None for p in profile.requests(bundle, 2, args)[1])
 
 
-def test_bench_step_runs_each_attention_it_is_given(tmp_path):
-    """`--graphs MODE[+DETERMINISTIC][/ATTENTION]`: one engine per form, each reported under its label."""
+def test_bench_step_runs_each_attention_and_weights_it_is_given(tmp_path):
+    """`--graphs MODE[+DETERMINISTIC][/ATTENTION][/WEIGHTS]`: one engine per form, each reported under its
+    label; an unknown setting is refused; the shipped bundle's fp16 weights get their copies unless fp32."""
     bundle = build_tiny_bundle(tmp_path / "bundle")
     out = tmp_path / "out"
-    assert pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager", "eager+off/sdpa",
+    with pytest.raises(SystemExit, match="unknown setting 'bf16'"):
+        pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager/bf16", "--out", str(out)])
+    assert pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager", "eager+off/sdpa/fp32",
                         "--rules", "target-only", "--batch-sizes", "2", "--repeats", "1",
                         "--max-tokens", "12", "--utterances", "2", "--out", str(out)]) == 0
     rows = json.loads((out / "step_speed.json").read_text())["rows"]
-    assert {r["graphs"] for r in rows} == {"eager", "eager+off/sdpa"}
+    assert {r["graphs"] for r in rows} == {"eager", "eager+off/sdpa/fp32"}
     assert all(r["tokens_per_s"] > 0 for r in rows)
     tiny = ModelBundle.from_dir(bundle)
     engines = {a: bundle_engine(tiny, "pcg", cpu_attention=a) for a in ("rows", "sdpa")}
     assert engines["rows"].target.row_attention and not engines["sdpa"].target.row_attention
+    shipped = ModelBundle.from_dir(DEFAULT_MODEL_DIR)
+    if fbgemm_half_available():
+        assert bundle_engine(shipped, "target-only").half_weight_products > 0
+    assert bundle_engine(shipped, "target-only", cpu_weights="fp32").half_weight_products == 0

@@ -26,13 +26,15 @@ GAMMA = 3
 
 
 # mirror / gather: attention of each row over its own keys (engine/ops/row_attention.py, the CPU default);
-# sdpa-mirror: torch's attention kernel over the mirror with the plan's padded contexts (compiled ops off)
-@pytest.fixture(scope="module", params=["mirror", "gather", "sdpa-mirror"])
+# sdpa-mirror: torch's attention kernel over the mirror with the plan's padded contexts (compiled ops off);
+# each with the fp16 copy of the bundle's weights (the default), fp32-mirror with MKL's fp32 products
+@pytest.fixture(scope="module", params=["mirror", "gather", "sdpa-mirror", "fp32-mirror"])
 def engine(request):
     mirror = 0 if request.param == "gather" else (512 << 20)
     return Engine(EngineConfig(target=BUNDLE.target_dir, draft=BUNDLE.draft_dir, num_speculative_tokens=GAMMA,
                                deterministic="always", kv_mirror_bytes=mirror, max_num_seqs=16,
-                               compiled_cpu_ops=request.param != "sdpa-mirror"))
+                               compiled_cpu_ops=request.param != "sdpa-mirror",
+                               cpu_weights="fp32" if request.param == "fp32-mirror" else "fp16"))
 
 
 def use(engine: Engine, plan) -> None:
@@ -207,7 +209,7 @@ from pcgtts.engine.batch_invariance import ROW_QUANTA, random_rows, rows_invaria
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 torch.set_num_threads(1)
 b = ModelBundle.from_dir(DEFAULT_MODEL_DIR)
-e = Engine(EngineConfig(target=b.target_dir, draft=b.draft_dir, deterministic="always"))
+e = Engine(EngineConfig(target=b.target_dir, draft=b.draft_dir, deterministic="always", cpu_weights="fp32"))
 q = e.invariance.row_quantum
 projections = e.target.model.projections() + e.head.projections()
 checks = [(p.product, random_rows(64, p.in_features, e.device, e.dtype)) for p in projections]
@@ -226,5 +228,6 @@ def test_calibration_follows_the_gemm_code_path(tmp_path):
                          timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     there = json.loads(out.stdout.strip().splitlines()[-1])
-    default = Engine(EngineConfig(target=BUNDLE.target_dir, deterministic="always")).invariance.row_quantum
+    default = Engine(EngineConfig(target=BUNDLE.target_dir, deterministic="always",
+                                  cpu_weights="fp32")).invariance.row_quantum
     assert there["quantum"] > default and there["holds"] and all(there["smaller_fails"]), there

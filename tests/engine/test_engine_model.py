@@ -137,6 +137,66 @@ def test_projection_equals_linear_in_both_layouts_and_keeps_a_tied_matrix_shared
     assert tied.weight.data_ptr() == weight.data_ptr()
 
 
+@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).fbgemm_half_available(),
+                    reason="fbgemm's fp16 GEMM needs x86 with AVX2")
+def test_half_weights_only_where_exact_and_products_agree_with_fp32():
+    """An fp16 copy of W is made only when every value of W is exactly fp16 (input-major CPU float32):
+    then products of 2 rows or more (decode batches, verify rows, prefill chunks, with a bias, from a
+    strided input) agree with F.linear to float32 rounding, and one-row products stay MKL's, bit for bit.
+    A matrix with one value off the fp16 grid, a tied head (W as given) and fp16 compute keep theirs."""
+    from pcgtts.engine.model.llama import HALF_MIN_ROWS, Projection
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64).half().float(), torch.randn(96)
+    proj, fp32 = Projection(weight, bias), Projection(weight, bias)
+    assert proj.use_half_weights() and proj.half is not None and fp32.half is None
+    for shape in [(1, 1, 64), (HALF_MIN_ROWS, 1, 64), (6, 4, 64), (2, 300, 64)]:
+        x = torch.randn(*shape)
+        expected = torch.nn.functional.linear(x, weight, bias)
+        torch.testing.assert_close(proj(x), expected, rtol=1e-5, atol=1e-5)
+        if x.numel() // 64 < HALF_MIN_ROWS:
+            assert torch.equal(proj(x), fp32(x))
+    strided = torch.randn(5, 128)[:, :64]  # RMSNorm's layer-norm form returns such views
+    torch.testing.assert_close(proj(strided), torch.nn.functional.linear(strided, weight, bias),
+                               rtol=1e-5, atol=1e-5)
+    off_grid = weight.clone()
+    off_grid[3, 7] += 1e-4  # between two fp16 values
+    assert not Projection(off_grid).use_half_weights()
+    assert not Projection(weight, copy=False).use_half_weights()
+    assert not Projection(weight.half()).use_half_weights()
+
+
+def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_path):
+    """An fp16 target: with cpu_weights="fp16" (the default) every projection of it multiplies from its fp16
+    copy where fbgemm runs, the float32 draft's noisy layers keep MKL's (the batch-invariance plan then
+    pads rows for both kernels), and the engine generates the greedy tokens the fp32 products give; a
+    float32 checkpoint makes no copies; an unknown setting fails at start."""
+    from engine_support import engine_config, save_draft_from
+    from pcgtts.engine import Engine, SamplingParams
+    from pcgtts.engine.model.llama import fbgemm_half_available
+
+    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
+    draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
+    prompts, params = [[3, 4, 5], list(range(20, 90)), [9] * 7], SamplingParams(temperature=0, max_tokens=40)
+
+    def run(**kw):
+        engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, **kw))
+        return engine, [g.token_ids for g in engine.generate(prompts, params)]
+
+    half, tokens = run()
+    fp32, reference = run(cpu_weights="fp32")
+    assert fp32.half_weight_products == 0
+    if fbgemm_half_available():
+        assert all(p.half is not None for p in half.target.model.projections())
+        assert any(p.half is None for p in half.draft.model.projections())  # its noisy layers
+        assert half.invariance.active
+    assert tokens == reference
+    float32 = save_tiny_llama(tmp_path / "float32", vocab=256, layers=2, seed=3)
+    assert Engine(engine_config(float32)).half_weight_products == 0
+    with pytest.raises(ValueError, match="cpu_weights"):
+        Engine(engine_config(target, cpu_weights="bf16"))
+
+
 def test_layer_norm_form_of_rms_norm_agrees_with_the_reference_formula():
     """RMSNorm's layer-norm form (decode-sized CPU fp32 inputs) gives Hugging Face's formula to float32
     rounding; prefill-sized inputs and the plain form go through rms_norm, bit for bit."""
