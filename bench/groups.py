@@ -17,7 +17,10 @@ Tables: target input-embedding groups (`emb:θ`, cosine) and codec-centroid grou
 the mean distance between centroids), built in a temporary directory from the bundle.
 
     pcgtts bench groups [--sentences 20] [--seeds 0 1 2] [--swap-seeds 0] [--tables emb:0.55 mel:0.4 ...]
-        [--decode-tables emb:0.55 mel:0.4] [--out bench/results]
+        [--decode-tables emb:0.55 mel:0.4] [--num-speculative-tokens 3 5] [--out bench/results]
+
+Each decode table is decoded at every γ of `--num-speculative-tokens` (rows "pcg TABLE", and "pcg TABLE
+γ=G" for a γ other than 3).
 
 Writes OUT/groups.json. Needs the `eval` extra and recipes/demo/requirements-eval.txt.
 """
@@ -143,7 +146,8 @@ def add_intervals(report: dict) -> dict:
 
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
-        temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int]) -> dict:
+        temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int],
+        gammas: tuple[int, ...] = (NUM_SPECULATIVE_TOKENS,)) -> dict:
     from pcgtts.recipes.demo.eval_codec import eval_sentences
 
     torch.set_num_threads(1)
@@ -165,7 +169,7 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                     bundle.root / "voices")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / "groups.json"
-    report: dict = {"model": shown_path(model_dir), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+    report: dict = {"model": shown_path(model_dir), "num_speculative_tokens": list(gammas),
                     "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
                     "machine": machine(), "tables": {}, "decoding": {}}
@@ -221,12 +225,12 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
             save()
             print(f"[groups] swap {spec}: |G| {row['mean_seed_group']:.1f} "
                   f"swapped {row['swapped_share']:.2f} {deltas(row)}", flush=True)
-        if decode_tables:
+        for gamma in gammas if decode_tables else ():
             engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
-                                         num_speculative_tokens=NUM_SPECULATIVE_TOKENS,
-                                         asg_table=paths[decode_tables[0]],
+                                         num_speculative_tokens=gamma, asg_table=paths[decode_tables[0]],
                                          extra_asg_tables={s: paths[s] for s in decode_tables}))
-            runs = [(f"pcg {s}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
+            suffix = "" if gamma == NUM_SPECULATIVE_TOKENS else f" γ={gamma}"
+            runs = [(f"pcg {s}{suffix}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
             for label, kw in runs:
                 if label in report["decoding"]:
                     continue
@@ -248,7 +252,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output directory")
     parser.add_argument("--sentences", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tables", nargs="+", default=list(DEFAULT_TABLES),
+    parser.add_argument("--tables", nargs="*", default=list(DEFAULT_TABLES),
                         help="swap-test tables: emb:THETA (target embeddings, cosine) or mel:FRACTION (codec "
                              "centroids, L2 <= FRACTION x mean distance)")
     parser.add_argument("--decode-tables", nargs="*", default=list(DEFAULT_DECODE_TABLES),
@@ -257,11 +261,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seeds whose target-only outputs the swap test uses")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-tokens", type=int, default=700)
+    parser.add_argument("--num-speculative-tokens", type=int, nargs="+", default=[NUM_SPECULATIVE_TOKENS],
+                        help="draft lengths γ to decode each table at")
 
 
 def main(args: argparse.Namespace) -> int:
     report = run(args.model, args.out, args.sentences, args.seeds, args.tables, args.temperature,
-                 args.max_tokens, args.decode_tables, args.swap_seeds)
+                 args.max_tokens, args.decode_tables, args.swap_seeds, tuple(args.num_speculative_tokens))
     for label, row in report["decoding"].items():
         print(f"{label:>16}: tok/verify {row['tokens_per_verify_step']:.2f} "
               f"WER {row['wer']:.3f} sim {row['speaker_similarity']:.3f}")
