@@ -1,11 +1,12 @@
-"""Tabulate the alternating `pcgtts bench load` sweeps kept beside this script (one directory per sweep, each
-with the load.json its `--out` wrote), for this directory's README.
+"""Tabulate the alternating `pcgtts bench load` sweeps kept beside this script, or in the directory given (one
+directory per sweep, each with the load.json its `--out` wrote), for that directory's README.
 
-    .venv/bin/python bench/results/capacity/rows-attention/summarize.py
+    .venv/bin/python bench/results/capacity/rows-attention/summarize.py [bench/results/fp16-weights/capacity]
 """
 
 import json
 import statistics
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -16,7 +17,8 @@ def row_at(result: dict, streams: int) -> dict | None:
 
 
 def main() -> None:
-    sweeps = sorted(p for p in HERE.iterdir() if (p / "load.json").exists())
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    sweeps = sorted(p for p in root.iterdir() if (p / "load.json").exists())
     print("| sweep | capacity | audio s per server CPU-s there | 1 stream: TTFA p50 | 16 streams: audio s "
           "per s, TTFA p95, stall p95 |")
     print("| --- | --- | --- | --- | --- |")
