@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 from pcgtts.bench.common import bundle_engine, machine, speech_requests, write_json
 from pcgtts.engine import Engine
+from pcgtts.engine.config import CPU_ATTENTION, CPU_WEIGHTS
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -58,9 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeded", action="store_true",
                         help="seed every request (its steps then take the batch-invariant forwards); "
                              "default: unseeded, as `bench load` sends them")
-    parser.add_argument("--cpu-attention", default=None, choices=["rows", "sdpa"],
+    parser.add_argument("--cpu-attention", default=None, choices=CPU_ATTENTION,
                         help="EngineConfig.cpu_attention (default: its default)")
-    parser.add_argument("--cpu-weights", default=None, choices=["fp16", "fp32"],
+    parser.add_argument("--cpu-weights", default=None, choices=CPU_WEIGHTS,
                         help="EngineConfig.cpu_weights (default: its default)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity"))

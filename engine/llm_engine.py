@@ -175,7 +175,7 @@ class Engine:
             plan = self._calibrated(checks, attention)
             if plan is None and self.half_weight_products:
                 # fbgemm's fp16 kernels keep rows invariant on the machines measured (multiples of 3 rows);
-                # where they do not, seeded forwards keep the fp32 products
+                # where they do not, every forward keeps the fp32 products (the copies are dropped)
                 log.warning("fp16-weight products are not batch-invariant here: fp32 products instead")
                 for p in self._projections():
                     p.half = None
