@@ -40,10 +40,11 @@ class PagedBatch:
     Queries are B rows of T tokens; rows shorter than T are padded (valid = False).
     """
 
-    positions: torch.Tensor  # Long[B, T] logical position of each query token (0 for padding)
+    positions: torch.Tensor  # Long[B, T] logical position of each query token (0 for padding): its rotation
     slot_mapping: torch.Tensor  # Long[B*T] cache slot each new K/V is written to (scratch for padding)
-    # key j visible to query t iff j <= positions[b, t]: Bool[B, 1, T, ctx], or additive (0 visible, -inf
-    # hidden) in the model's float dtype (see `build_paged_batch`); None with `row_positions`
+    # key j visible to query t iff j <= its cache index (its position, or `cache_index` for a token tree)
+    # and j is outside its gap: Bool[B, 1, T, ctx], or additive (0 visible, -inf hidden) in the model's
+    # float dtype (see `build_paged_batch`); None with `row_positions`
     mask: torch.Tensor | None
     context_len: int  # ctx: keys gathered per row (max position in the batch + 1)
     block_tables: torch.Tensor  # Long[B, M]
@@ -51,9 +52,11 @@ class PagedBatch:
     # each row's K/V also held contiguous (engine/kv_mirror.py): attend reads it instead of gathering
     # blocks; None: gather (captured graphs, CUDA, prefill chunks, or over the mirror's memory bound)
     mirror: MirrorBatch | None = None
-    # Long[B, T] query positions, -1 for padding: attention runs each row over its own keys up to them
+    # Long[B, T] query cache indices, -1 for padding: attention runs each row over its own keys up to them
     # (engine/ops/row_attention.py; `mask` is then None); None: SDPA over `mask`
     row_positions: torch.Tensor | None = None
+    # Long[B, T, 2]: keys [lo, hi) each query does not see (a token tree's other branches); None: no gaps
+    gaps: torch.Tensor | None = None
 
     @property
     def seq_lens(self) -> torch.Tensor:
@@ -61,10 +64,35 @@ class PagedBatch:
         return self.positions.max(dim=1).values + 1
 
 
+@dataclass(frozen=True)
+class TreeLayout:
+    """Where a token tree's tokens live in their rows' caches. A tree of k branches of γ drafts under the
+    last token is laid out as [last token, branch 0, ..., branch k-1] at cache indices n-1 .. n-1+kγ, while
+    a branch's j-th draft has position n-1+j (its rotation): each query sees the row's keys up to its own
+    cache index except the earlier branches', [n, n + branch·γ), its gap. A chain is the one-branch tree
+    (no gaps), so a branch's tokens compute what the same tokens would as a chain."""
+
+    cache_index: torch.Tensor  # Long[B, T]
+    gaps: torch.Tensor  # Long[B, T, 2]: keys [lo, hi) hidden from each query (lo == hi: none)
+
+    @classmethod
+    def of(cls, lengths: torch.Tensor, branches: int, gamma: int) -> tuple[TreeLayout, torch.Tensor]:
+        """(the layout, positions Long[B, 1 + kγ]) of k branches of γ drafts over rows of `lengths`
+        (Long[B]: each row's tokens, the last one included)."""
+        col = torch.arange(1 + branches * gamma, device=lengths.device)
+        branch = (col - 1).clamp(min=0) // gamma  # [T]: column 0 (the last token) in branch 0
+        depth = torch.where(col > 0, (col - 1) % gamma + 1, 0)  # [T]
+        start = lengths[:, None]  # [B, 1]: cache index of every branch's first draft is start + branch·γ
+        positions = start - 1 + depth[None, :]
+        lo = start.expand(-1, col.shape[0])
+        gaps = torch.stack([lo, lo + (branch * gamma)[None, :]], dim=-1)
+        return cls(cache_index=start - 1 + col[None, :], gaps=gaps), positions
+
+
 def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables: torch.Tensor,
                       block_size: int, scratch_block: int,
                       mask_dtype: torch.dtype = torch.bool, query_quantum: int = 1,
-                      row_attention: bool = False) -> PagedBatch:
+                      row_attention: bool = False, tree: TreeLayout | None = None) -> PagedBatch:
     """positions Long[B, T], valid Bool[B, T], block_tables Long[B, M] padded with `scratch_block`.
 
     M * block_size must cover every valid position; context length is taken from M (the caller sizes M to
@@ -73,16 +101,23 @@ def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables
     layer: 6-18% of an attention call at decode sizes here). query_quantum: the mask gets rows for T
     rounded up to a multiple of it (padding queries that see key 0 only), and attention pads the queries
     to match (engine/batch_invariance.py). row_attention: no mask; the rows' own attention reads
-    `row_positions` instead."""
-    b, t = positions.shape
-    row_positions = torch.where(valid, positions, torch.full_like(positions, -1)) if row_attention else None
+    `row_positions` instead. tree: a token tree's cache indices and gaps (its tokens share positions, so
+    where their K/V lives is not their position); None: each token's K/V at its position."""
+    index = positions if tree is None else tree.cache_index
+    row_positions = torch.where(valid, index, torch.full_like(index, -1)) if row_attention else None
     positions = torch.where(valid, positions, torch.zeros_like(positions))
-    slot = torch.gather(block_tables, 1, positions // block_size) * block_size + positions % block_size
+    index = torch.where(valid, index, torch.zeros_like(index))
+    slot = torch.gather(block_tables, 1, index // block_size) * block_size + index % block_size
     slot = torch.where(valid, slot, torch.full_like(slot, scratch_block * block_size))
     ctx = block_tables.shape[1] * block_size
-    mask = None if row_attention else causal_mask(pad_rows(positions.T, query_quantum).T, ctx, mask_dtype)
+    gaps = None if tree is None else tree.gaps
+    mask = None
+    if not row_attention:
+        padded_gaps = None if gaps is None else pad_rows(gaps.transpose(0, 1), query_quantum).transpose(0, 1)
+        mask = causal_mask(pad_rows(index.T, query_quantum).T, ctx, mask_dtype, padded_gaps)
     return PagedBatch(positions=positions, slot_mapping=slot.reshape(-1), mask=mask, context_len=ctx,
-                      block_tables=block_tables, block_size=block_size, row_positions=row_positions)
+                      block_tables=block_tables, block_size=block_size, row_positions=row_positions,
+                      gaps=gaps)
 
 
 def pad_query_rows(mask: torch.Tensor, quantum: int) -> torch.Tensor:
@@ -137,7 +172,8 @@ class GatherSDPABackend(AttentionBackend):
                 mirror.write(layer, k, v)
                 keys, values, rows = mirror.mirror.keys[layer], mirror.mirror.values[layer], mirror.rows
             rows = torch.arange(b, device=q.device) if rows is None else rows
-            return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions).view(b, t, h * d)
+            return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions,
+                                          meta.gaps).view(b, t, h * d)
         if mirror is None:
             keys, values, mask = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), meta.mask
         else:  # over the mirror's rows [0, span): this forward's rows and, between them, holes
@@ -163,6 +199,8 @@ class FlashAttnBackend(AttentionBackend):
         self._kernel = flash_attn_with_kvcache
 
     def attend(self, q, k, v, k_cache, v_cache, meta, layer):
+        if meta.gaps is not None:
+            raise ValueError("flash_attn has no token-tree attention; use the sdpa backend")
         b, t, h, d = q.shape
         h_kv = k.shape[2]
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)

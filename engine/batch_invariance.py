@@ -102,10 +102,15 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torc
                                           attn_mask=mask, enable_gqa=q.shape[2] != keys.shape[2])
 
 
-def causal_mask(positions: torch.Tensor, ctx: int, dtype: torch.dtype) -> torch.Tensor:
-    """positions Long[R, T] -> mask [R, 1, T, ctx]: key j visible iff j <= position (bool, or additive:
-    0 visible, -inf hidden, in a float dtype)."""
-    mask = torch.arange(ctx, device=positions.device)[None, None, :] <= positions[:, :, None]
+def causal_mask(positions: torch.Tensor, ctx: int, dtype: torch.dtype,
+                gaps: torch.Tensor | None = None) -> torch.Tensor:
+    """positions Long[R, T] -> mask [R, 1, T, ctx]: key j visible iff j <= position and j is outside the
+    query's gap [lo, hi) (gaps Long[R, T, 2]; None: none) (bool, or additive: 0 visible, -inf hidden, in a
+    float dtype)."""
+    keys = torch.arange(ctx, device=positions.device)[None, None, :]
+    mask = keys <= positions[:, :, None]
+    if gaps is not None:
+        mask &= (keys < gaps[..., :1]) | (keys >= gaps[..., 1:])
     if dtype != torch.bool:
         mask = mask.to(dtype).log_()  # 1 -> 0, 0 -> -inf
     return mask.unsqueeze(1)

@@ -145,6 +145,18 @@ class KVMirror:
         spread_mask.index_copy_(0, index, mask)
         return MirrorBatch(self, write_slots, index, span, spread_mask)
 
+    def move(self, state: SeqBlocks, src: int, dst: int, count: int) -> None:
+        """Positions [src, src + count) of `state`'s row to [dst, dst + count) (dst < src), where the row is
+        held and mirrors them (ModelRunner.move_kv, which moves the pool's too)."""
+        r = self.uids.index(state.uid) if state.uid in self.uids else None
+        if r is None:
+            return
+        if self.mirrored[r] < src + count:  # it does not hold them: gather the row again from dst on
+            self.mirrored[r] = min(self.mirrored[r], dst)
+            return
+        for t in self.keys + self.values:
+            t[r, dst:dst + count] = t[r, src:src + count].clone()
+
     def _free_rows(self, active: set[int]) -> list[int]:
         """Rows that may be given away, ascending: no uid, a released sequence (its uid moved on), or idle
         for more than KEEP_IDLE forwards."""

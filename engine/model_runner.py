@@ -11,7 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from pcgtts.engine.attention import AttentionBackend, PagedBatch, build_paged_batch, pad_query_rows
+from pcgtts.engine.attention import (
+    AttentionBackend,
+    PagedBatch,
+    TreeLayout,
+    build_paged_batch,
+    pad_query_rows,
+)
 from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
 from pcgtts.engine.block_manager import BlockAllocator, SeqBlocks
 from pcgtts.engine.kv_cache import KVCache
@@ -23,12 +29,14 @@ from pcgtts.engine.model.llama import LlamaModel
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend,
                  decode_graphs: str = "eager", decode_tokens: tuple[int, ...] = (),
-                 cache_dir: Path | None = None, kv_mirror_bytes: int = 0, row_attention: bool = False):
+                 cache_dir: Path | None = None, kv_mirror_bytes: int = 0, row_attention: bool = False,
+                 tree_tokens: int = 0):
         """decode_graphs: "eager" | "compile" | "cuda_graphs" | "auto" (captured.resolve_mode);
         decode_tokens: the tokens-per-row counts to capture (e.g. (γ+1,) for a target);
         kv_mirror_bytes: memory bound of the KV mirror (0: none), used by eager CPU forwards with the
         gather backend only; row_attention: eager CPU float32 forwards with the gather backend may attend
-        each row over its own keys (engine/ops/row_attention.py; the engine's compiled ops)."""
+        each row over its own keys (engine/ops/row_attention.py; the engine's compiled ops); tree_tokens:
+        the tokens per row of a token tree's verify forward (eager), which decodes like decode_tokens."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
@@ -48,7 +56,7 @@ class ModelRunner:
         self.mirror: KVMirror | None = None
         # prefill chunks bypass the mirror (pool only): it holds decoding rows, each gathered from the pool
         # at its first decode forward
-        self.mirror_max_tokens = max(decode_tokens, default=1)
+        self.mirror_max_tokens = max(*decode_tokens, tree_tokens, 1)
         if kv_mirror_bytes and self.captured is None and backend.name == "sdpa" and self.device.type == "cpu":
             cfg = model.cfg
             self.mirror = KVMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, self.device,
@@ -80,24 +88,27 @@ class ModelRunner:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
                 tables: torch.Tensor, eager: bool = False, meta: PagedBatch | None = None,
-                states: list[SeqBlocks] | None = None) -> torch.Tensor:
+                states: list[SeqBlocks] | None = None, tree: TreeLayout | None = None) -> torch.Tensor:
         """Long[B, T] tokens at Long[B, T] positions (Bool[B, T] valid) -> hidden [B, T, d]; writes K/V.
         eager: bypass captured graphs (equivalence tests); meta: the eager forward's attention metadata
         when the caller has it already (`column_metas`); states: the rows' sequences (lets the KV mirror
-        serve attention; without them the forward gathers from the pool)."""
-        if not eager and self.captured is not None and self.captured.handles(input_ids.shape[1]):
+        serve attention; without them the forward gathers from the pool); tree: a token tree's cache
+        indices and gaps (engine/attention.py TreeLayout; always eager)."""
+        if (not eager and tree is None and self.captured is not None
+                and self.captured.handles(input_ids.shape[1])):
             return self.captured(input_ids, positions, valid, tables)
         with torch.inference_mode():
             if meta is None:
                 meta = build_paged_batch(positions, valid, tables, self.block_size,
                                          self.cache.scratch_block, self.mask_dtype, self.plan.query_quantum,
-                                         self.rows_attend(input_ids.shape[1]))
+                                         self.rows_attend(input_ids.shape[1]), tree)
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
             elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:
                 self.mirror.forget(states)  # written around the mirror: gathered again when they decode
             elif self.mirror is not None:
-                mirrored = self.mirror.prepare(states, positions.tolist(), valid.tolist(), tables, meta.mask,
+                index = positions if tree is None else tree.cache_index  # where the K/V goes
+                mirrored = self.mirror.prepare(states, index.tolist(), valid.tolist(), tables, meta.mask,
                                                self.cache.keys, self.cache.values)
                 if mirrored is not None:
                     meta = replace(meta, mirror=mirrored)
@@ -156,6 +167,22 @@ class ModelRunner:
         for st, c in zip(states, chunks, strict=True):
             st.num_computed += len(c)
         return hidden
+
+    @torch.inference_mode()
+    def move_kv(self, state: SeqBlocks, src: int, dst: int, count: int) -> None:
+        """Copy the K/V of cache indices [src, src + count) to [dst, dst + count) in the pool and, where the
+        row holds them, in the KV mirror: a token tree's accepted branch moved to where a chain's would
+        be (engine/spec_decode.py). dst < src; both ranges inside the row's blocks."""
+        if count <= 0 or src == dst:
+            return
+        bs = self.block_size
+        table = torch.tensor(state.blocks, dtype=torch.long, device=self.device)
+        index = torch.arange(count, device=self.device)
+        src_slots, dst_slots = ((table[i // bs] * bs + i % bs) for i in (src + index, dst + index))
+        for t in self.cache.tensors():
+            t[dst_slots] = t[src_slots]
+        if self.mirror is not None:
+            self.mirror.move(state, src, dst, count)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,13 @@
 blocks): the CPU forwards' attention.
 
     out = form(q [B, T, H, D], keys [R, S, H_kv, D], values [R, S, H_kv, D], rows Long[B],
-               positions Long[B, T])  ->  out [B, T, H, D]
+               positions Long[B, T], gaps Long[B, T, 2] | None)  ->  out [B, T, H, D]
 
-Batch row b attends over keys[rows[b], :p + 1] for each query at position p = positions[b, t]; a
-position of -1 marks a padding query (its output is zeros). Float32 on the CPU.
+Batch row b attends over keys[rows[b], :p + 1] for each query at position p = positions[b, t], less the
+keys [lo, hi) of its gap (gaps[b, t]: a token tree's earlier branches, engine/attention.py TreeLayout); a
+position of -1 marks a padding query (its output is zeros). Float32 on the CPU. A query with a gap sums over
+its visible keys in the same order, with the same numbers, as a query without one over those keys laid out
+contiguously: a tree branch computes the bits its tokens would as a chain.
 
 Why a loop of its own: torch's CPU attention kernel runs over a context padded to the batch's longest row,
 every row of the mirror's span (rows sitting a step out included), with a mask built per forward; on the
@@ -24,6 +27,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pcgtts.engine.batch_invariance import causal_mask
 from pcgtts.engine.ops import Twin
 from pcgtts.engine.ops.kernel import REASSOCIATE, cpu_kernel
 
@@ -57,13 +61,14 @@ def _exp_shifted(s, top, n, bits):
 
 
 @cpu_kernel("void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], int64[::1], "
-            "int64[:, ::1], float32[:, :, :, ::1])", fastmath=REASSOCIATE)
-def _attend_rows(q, keys, values, rows, positions, out):
+            "int64[:, ::1], int64[:, :, ::1], float32[:, :, :, ::1])", fastmath=REASSOCIATE)
+def _attend_rows(q, keys, values, rows, positions, gaps, out):
     b_rows, t_len, heads, dim = q.shape
     group = heads // keys.shape[2]  # query heads per K/V head
     scale = np.float32(1.0 / math.sqrt(dim))
     longest = max(positions.max() + 1, 1)  # keys of the call's longest row
     scores = np.zeros((t_len, heads, longest), np.float32)
+    visible = np.zeros(longest, np.float32)  # a gapped query's scores, its visible keys side by side
     bits = np.zeros(longest, np.int32)
     acc = np.zeros(dim, np.float32)
     for b in range(b_rows):
@@ -80,41 +85,57 @@ def _attend_rows(q, keys, values, rows, positions, out):
                     scores[t, h, j] = dot * scale
         for t in range(t_len):
             p = positions[b, t]
+            lo, hi = gaps[b, t, 0], gaps[b, t, 1]
+            skip = hi - lo if lo < hi else 0
             for h in range(heads):
                 if p < 0:  # a padding query
                     for d in range(dim):
                         out[b, t, h, d] = 0.0
                     continue
                 s = scores[t, h]
+                if skip:  # keys [0, lo) then [hi, p]: one contiguous run, as a chain's would be
+                    for j in range(lo):
+                        visible[j] = s[j]
+                    for j in range(hi, p + 1):
+                        visible[j - skip] = s[j]
+                    s = visible
+                m = p + 1 - skip
                 top = s[0]
-                for j in range(1, p + 1):
+                for j in range(1, m):
                     top = max(top, s[j])
-                inv = np.float32(1.0) / _exp_shifted(s, top, p + 1, bits)
+                inv = np.float32(1.0) / _exp_shifted(s, top, m, bits)
                 kv = h // group
                 for d in range(dim):
                     acc[d] = 0.0
-                for j in range(p + 1):
+                for j in range(m):
                     w = s[j] * inv
+                    key = j if j < lo or not skip else j + skip
                     for d in range(dim):
-                        acc[d] += w * values[r, j, kv, d]
+                        acc[d] += w * values[r, key, kv, d]
                 for d in range(dim):
                     out[b, t, h, d] = acc[d]
 
 
+def _no_gaps(positions: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(*positions.shape, 2, dtype=torch.long)
+
+
 def attend_rows_compiled(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-                         positions: torch.Tensor) -> torch.Tensor:
+                         positions: torch.Tensor, gaps: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.empty(q.shape, dtype=torch.float32)
+    gaps = _no_gaps(positions) if gaps is None else gaps
     _attend_rows(q.contiguous().numpy(), keys.numpy(), values.numpy(), rows.numpy(),
-                 positions.contiguous().numpy(), out.numpy())
+                 positions.contiguous().numpy(), gaps.contiguous().numpy(), out.numpy())
     return out
 
 
 def attend_rows_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-                      positions: torch.Tensor) -> torch.Tensor:
-    """The same from torch ops: each row's keys selected, a causal mask from the positions, SDPA."""
+                      positions: torch.Tensor, gaps: torch.Tensor | None = None) -> torch.Tensor:
+    """The same from torch ops: each row's keys selected, a causal mask (less the gaps) from the
+    positions, SDPA."""
     longest = int(positions.max()) + 1 if positions.numel() else 1
     k, v = keys[rows, :max(longest, 1)], values[rows, :max(longest, 1)]  # [B, ctx, H_kv, D]
-    visible = torch.arange(k.shape[1], device=q.device)[None, None, :] <= positions[:, :, None]
+    visible = causal_mask(positions, k.shape[1], torch.bool, gaps)[:, 0]  # [B, T, ctx]
     visible[..., 0] |= positions < 0  # a padding query sees key 0 (its output is zeroed below)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=visible[:, None], enable_gqa=q.shape[2] != k.shape[2])

@@ -94,3 +94,33 @@ def test_the_engine_decodes_alike_with_either_attention_and_refuses_others(tmp_p
     assert tokens(deterministic="always") == reference
     with pytest.raises(ValueError, match="cpu_attention"):
         Engine(engine_config(target, cpu_attention="flash"))
+
+
+@pytest.mark.parametrize("form", ["compiled", "torch"])
+def test_a_tree_branch_attends_as_its_tokens_would_as_a_chain(form):
+    """A row holding [last token, branch 0, branch 1, branch 2] (γ = 3 each) at cache indices n-1.., each
+    branch's queries hiding the earlier branches' keys, against the same keys of branch b laid out as a chain
+    after the last token: the same bits in the compiled form, the same numbers in the torch form; branch 0
+    (no gap) is the chain itself."""
+    attend = getattr(ROW_ATTENTION, form)
+    g = torch.Generator().manual_seed(11)
+    n, k, gamma, heads, dim = 50, 3, 3, 4, 64
+    keys = torch.randn(1, n + k * gamma, heads, dim, generator=g)
+    values = torch.randn(1, n + k * gamma, heads, dim, generator=g)
+    q = torch.randn(1, 1 + k * gamma, heads, dim, generator=g)
+    cols = torch.arange(1 + k * gamma)
+    branch = (cols - 1).clamp(min=0) // gamma
+    gaps = torch.stack([torch.full_like(cols, n), n + branch * gamma], dim=-1)[None]
+    tree = attend(q, keys, values, torch.tensor([0]), (n - 1 + cols)[None], gaps)
+    for b in range(k):
+        chain_keys = torch.cat([keys[:, :n], keys[:, n + b * gamma:n + (b + 1) * gamma]], dim=1)
+        chain_values = torch.cat([values[:, :n], values[:, n + b * gamma:n + (b + 1) * gamma]], dim=1)
+        columns = [0] + list(range(1 + b * gamma, 1 + (b + 1) * gamma))
+        chain = attend(q[:, columns], chain_keys, chain_values, torch.tensor([0]),
+                       torch.arange(n - 1, n + gamma)[None])
+        if form == "compiled":
+            assert torch.equal(tree[:, columns], chain), b
+        else:
+            torch.testing.assert_close(tree[:, columns], chain, rtol=1e-5, atol=2e-6)
+    gapped_mask = gaps[0, :, 1] > gaps[0, :, 0]
+    assert gapped_mask.sum() == (k - 1) * gamma  # the test exercises gaps
