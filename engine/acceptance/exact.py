@@ -10,7 +10,7 @@ from __future__ import annotations
 from pcgtts.engine.acceptance.base import TokenLevelRule
 from pcgtts.engine.acceptance.verdict import Verdict
 from pcgtts.engine.ops import Ops
-from pcgtts.engine.ops.verify import TOKEN_VERIFY, ratio_test, verify_tokens
+from pcgtts.engine.ops.verify import TOKEN_VERIFY, ratio_test, singleton_layout, verify_tokens
 
 
 class ExactRule(TokenLevelRule):
@@ -26,3 +26,6 @@ class ExactRule(TokenLevelRule):
 
     def verify(self, draft_tokens, draft_probs, target_probs, generator=None) -> Verdict:
         return verify_tokens(TOKEN_VERIFY, self.ops, draft_tokens, draft_probs, target_probs, generator)
+
+    def sibling_layout(self, vocab_size, device):
+        return singleton_layout(vocab_size)

@@ -65,6 +65,9 @@ class PCGRule(AcceptanceRule):
             self.layout = GroupLayout(self.table)
         return self.layout
 
+    def sibling_layout(self, vocab_size, device):
+        return self._layout_on(device)
+
     def _checked_layout(self, draft_tokens, draft_probs, target_probs) -> GroupLayout:
         """The table's layout on the tensors' device, once their shapes and vocabulary fit the table."""
         check_shapes(draft_tokens, draft_probs, target_probs)

@@ -45,3 +45,6 @@ class PCGBlockRule(PCGRule):
         u = VerifyUniforms.draw(generator, b, g, draft_probs.device, in_group=True)
         verify = Ops.given_or_for(self.ops, draft_probs).form(BLOCK_GROUP_VERIFY)
         return verify(layout, draft_tokens, draft_probs, target_probs, u)
+
+    def sibling_layout(self, vocab_size, device):
+        return None  # no tree form tested for block verification: a tree's row verifies its first branch
