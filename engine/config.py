@@ -32,6 +32,11 @@ class EngineConfig:
     # θ: a row drafts its next token only while the draft gave its last proposal at least this probability
     # (engine/draft_length.py), so γ becomes the most a row drafts; 0: every row drafts γ.
     draft_confidence: float = 0.0
+    # k: a token tree of k branches of γ drafts each (k candidates for the first draft position, drawn
+    # without replacement, each followed by its own chain), verified in one forward by recursive rejection
+    # sampling over the candidates (engine/acceptance/tree.py: token level for exact, group level for pcg);
+    # feature-head drafts on the sdpa backend only. 1: one chain of γ drafts.
+    draft_branches: int = 1
     # "always": every step speculates (γ drafts + verify). "auto": per step, speculate or decode with the
     # target alone, whichever measured faster at this batch size (engine.spec_policy); the TTS service's
     # default. Seeded outputs are reproducible only under "always" (see spec_policy).

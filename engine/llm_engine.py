@@ -92,12 +92,14 @@ class Engine:
         self.num_speculative_tokens = gamma  # γ: 0 decodes with the target alone
         if gamma == 0:
             draft_config, head_draft = None, False
+        branches = self._tree_branches(config, head_draft, gamma)
+        ahead = gamma * branches  # drafts a verify forward scores per row (a tree's every node)
 
         block_size = config.block_size
         num_blocks = self._num_blocks(draft_config)
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or self.target_config.max_position_embeddings,
-                                 capacity - gamma - 1)
+                                 capacity - ahead - 1)
         if self.max_model_len < 2:
             raise ValueError(f"KV budget of {capacity} tokens is too small for γ={gamma}")
         positions = self.max_model_len + gamma + 1
@@ -110,7 +112,8 @@ class Engine:
         target_tokens = (1, gamma + 1)
         compiled = self.decode_graphs != "eager"
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions, compiled),
-                                  num_blocks, block_size, backend, decode_tokens=target_tokens, **graphs)
+                                  num_blocks, block_size, backend, decode_tokens=target_tokens,
+                                  tree_tokens=ahead + 1 if branches > 1 else 0, **graphs)
         self.draft, self.head = None, None
         if head_draft:
             self.head = load_feature_head(config.draft, self.target.model,
@@ -139,9 +142,9 @@ class Engine:
         self.decoder = SpeculativeDecoder(self.target, self.draft, gamma, self.shared_generator, self.head,
                                           self.ops, self.invariance,
                                           "off" if not self.invariance.active else config.deterministic,
-                                          draft_confidence=config.draft_confidence)
+                                          draft_confidence=config.draft_confidence, branches=branches)
         self.policy = SpeculationPolicy(gamma, config.speculation)
-        self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, gamma,
+        self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, ahead,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,
                                    ahead_s=config.deadline_ahead_s, max_defer=config.max_defer_steps)
         self.requests: dict[str, Seq] = {}
@@ -204,6 +207,25 @@ class Engine:
             CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
         return CALIBRATIONS[key]
 
+    def _tree_branches(self, config: EngineConfig, head_draft: bool, gamma: int) -> int:
+        """k of EngineConfig.draft_branches, checked against what token trees run on (1 without a draft)."""
+        k = config.draft_branches
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"draft_branches must be a positive integer, not {k!r}")
+        self.decoder_branches = k if gamma else 1
+        if self.decoder_branches == 1:
+            return 1
+        if not head_draft:
+            raise ValueError("token trees (draft_branches > 1) need a feature-head draft")
+        if gamma < 2:
+            raise ValueError("token trees (draft_branches > 1) need γ ≥ 2")
+        if config.draft_confidence:
+            raise ValueError("token trees (draft_branches > 1) draft every branch to γ: draft_confidence "
+                             "must be 0")
+        if config.attention_backend == "flash_attn":
+            raise ValueError("token trees (draft_branches > 1) need the sdpa attention backend")
+        return k
+
     def _projections(self) -> list:
         """Every matrix product of the target, the Llama draft and the feature head."""
         projections = self.target.model.projections()
@@ -215,7 +237,7 @@ class Engine:
         """(kind, (product, in_features, rows to check)) for each distinct kind of matrix product of the
         models (weight shape, layout, rows): the LM heads at decode sizes only, the others at prefill
         sizes too."""
-        decode_rows = self.config.max_num_seqs * (self.num_speculative_tokens + 1)
+        decode_rows = self.config.max_num_seqs * (self.num_speculative_tokens * self.decoder_branches + 1)
         heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
         kinds = {}
         for p in self._projections():
