@@ -1,8 +1,9 @@
 """Draft length that follows confidence (engine/draft_length.py) against a fixed γ: tokens per verify step,
 per-position acceptance, mean draft length and tokens/s, per rule, setting and batch size, in one run.
 
-A setting is γ:θ (num_speculative_tokens : draft_confidence): 3:0 is the fixed γ = 3 the server runs today;
-6:0.6 lets a row draft up to 6 tokens while the draft gives its last proposal at least 0.6. Speech prompts
+A setting is γ:θ[:k] (num_speculative_tokens : draft_confidence [: draft_branches]): 3:0 is the fixed γ = 3
+the server runs today; 6:0.6 lets a row draft up to 6 tokens while the draft gives its last proposal at
+least 0.6; 3:0:2 drafts a token tree of 2 branches of 3 (engine/spec_tree.py). Speech prompts
 from the bundle (`bench step`'s: sentence i with seed i, T=0.8), every batch size decoding the same
 utterances; engines run round-robin per repeat (a shared machine's drift hits all alike), medians reported.
 
@@ -29,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR, help="model bundle directory")
     parser.add_argument("--rules", nargs="+", default=["exact", "pcg"])
     parser.add_argument("--settings", nargs="+", default=["3:0", "6:0.5", "6:0.7", "8:0.8"],
-                        help="γ:θ pairs (num_speculative_tokens : draft_confidence)")
+                        help="γ:θ[:k] (num_speculative_tokens : draft_confidence [: draft_branches])")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=0.8)
@@ -39,9 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/draft-length"))
 
 
-def parse_setting(text: str) -> tuple[int, float]:
-    gamma, _, theta = text.partition(":")
-    return int(gamma), float(theta or 0)
+def parse_setting(text: str) -> tuple[int, float, int]:
+    gamma, _, rest = text.partition(":")
+    theta, _, branches = rest.partition(":")
+    return int(gamma), float(theta or 0), int(branches or 1)
 
 
 def decode(engine: Engine, batches: list[tuple[list, list]]) -> dict:
@@ -63,13 +65,14 @@ def run(args) -> dict:
     prompts, params = speech_requests(bundle, args.utterances or max(args.batch_sizes), args.temperature,
                                       args.max_tokens)
     requests = {b: batched(prompts, params, b) for b in args.batch_sizes}
-    configs = [("target-only", 0, 0.0)] + [(rule, *parse_setting(s)) for rule in args.rules
-                                           for s in args.settings]
+    configs = [("target-only", 0, 0.0, 1)] + [(rule, *parse_setting(s)) for rule in args.rules
+                                              for s in args.settings]
     engines = {}
-    for rule, gamma, theta in configs:
-        engine = bundle_engine(bundle, rule, num_speculative_tokens=gamma or 1, draft_confidence=theta)
+    for rule, gamma, theta, branches in configs:
+        engine = bundle_engine(bundle, rule, num_speculative_tokens=gamma or 1, draft_confidence=theta,
+                               draft_branches=branches)
         engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
-        engines[(rule, gamma, theta)] = engine
+        engines[(rule, gamma, theta, branches)] = engine
     runs: dict[tuple, list[dict]] = {}
     for r in range(args.repeats):
         for b in args.batch_sizes:
@@ -79,8 +82,9 @@ def run(args) -> dict:
                 print(f"repeat {r + 1}/{args.repeats} batch {b} {key}: {res['tokens_per_s']:.0f} tok/s, "
                       f"{res['tokens_per_verify_step']:.2f} tokens per verify step", flush=True)
     rows = []
-    for (rule, gamma, theta, b), results in runs.items():
-        row = {"rule": rule, "num_speculative_tokens": gamma, "draft_confidence": theta, "batch": b,
+    for (rule, gamma, theta, branches, b), results in runs.items():
+        row = {"rule": rule, "num_speculative_tokens": gamma, "draft_confidence": theta,
+               "draft_branches": branches, "batch": b,
                "tokens_per_s": statistics.median(x["tokens_per_s"] for x in results),
                "tokens_per_s_runs": [x["tokens_per_s"] for x in results]}
         # counts are the same kind of quantity in every repeat: pool them
@@ -115,14 +119,15 @@ def markdown(result: dict) -> str:
              "thread(s). "
              f"T={result['temperature']}, {result['utterances']} utterances per batch size, medians of "
              f"{result['repeats']} round-robin repeats (speed-up: median of per-repeat ratios).", "",
-             "| batch | rule | γ | θ | tokens/verify step | mean draft length | acceptance by position "
-             "| tokens/s | speed-up |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| batch | rule | γ | θ | k | tokens/verify step | mean draft length | acceptance by position "
+             "| tokens/s | speed-up |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
     for r in sorted(result["rows"], key=lambda r: (r["batch"], r["rule"] != "target-only", r["rule"],
-                                                   r["num_speculative_tokens"], r["draft_confidence"])):
+                                                   r["num_speculative_tokens"], r["draft_confidence"],
+                                                   r.get("draft_branches", 1))):
         by_position = " ".join(fmt(a, ".2f") for a in r["acceptance_by_position"])
         lines.append(f"| {r['batch']} | {r['rule']} | {r['num_speculative_tokens']} | "
-                     f"{r['draft_confidence']} | "
+                     f"{r['draft_confidence']} | {r.get('draft_branches', 1)} | "
                      f"{r['tokens_per_verify_step']:.2f} | {fmt(r['mean_draft_length'], '.2f')} | "
                      f"{by_position or '—'} | {r['tokens_per_s']:.0f} | {r['speedup_median_of_runs']:.2f}x |")
     return "\n".join(lines) + "\n"
@@ -138,15 +143,17 @@ def plot(result: dict, out: Path) -> None:
         x["batch"] for x in result["rows"])]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:
-        label = f"{r['rule']} γ={r['num_speculative_tokens']} θ={r['draft_confidence']}"
+        label = (f"{r['rule']} γ={r['num_speculative_tokens']} θ={r['draft_confidence']} "
+                 f"k={r.get('draft_branches', 1)}")
         acc = [a for a in r["acceptance_by_position"] if a is not None]
         left.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
     left.set(xlabel="draft position", ylabel="P(accepted | drafted)", title="per-position acceptance")
     left.legend(fontsize=7)
-    labels = [f"{r['rule']}\n{r['num_speculative_tokens']}:{r['draft_confidence']}" for r in rows]
+    labels = [f"{r['rule']}\n{r['num_speculative_tokens']}:{r['draft_confidence']}:"
+              f"{r.get('draft_branches', 1)}" for r in rows]
     right.bar(range(len(rows)), [r["tokens_per_verify_step"] for r in rows])
     right.set_xticks(range(len(rows)), labels, fontsize=7)
-    right.set(ylabel="tokens per verify step", title="tokens per verify step (γ:θ)")
+    right.set(ylabel="tokens per verify step", title="tokens per verify step (γ:θ:k)")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -48,6 +48,9 @@ class ServerSettings:
     draft_confidence: float = _opt(TTSConfig.draft_confidence, "θ: a row drafts its next token only while "
                                    "the draft gave its last proposal at least this probability, so γ is "
                                    "the most it drafts (builtin engine; 0 = always γ)")
+    draft_branches: int = _opt(TTSConfig.draft_branches, "k: a token tree of k branches of γ drafts, k "
+                               "candidates for the first position verified by recursive rejection sampling "
+                               "(builtin engine, feature-head drafts; exact and pcg; 1 = one chain)")
     speculation: str = _opt(TTSConfig.speculation, "auto: per engine step, speculate or decode with the "
                             "target alone, whichever measured faster at that batch size; always: every step "
                             "speculates (seeded requests speculate on every step either way)")

@@ -37,8 +37,10 @@ def embedded_model_ready(root: Path = DEFAULT_MODEL_DIR) -> bool:
     return (root / MANIFEST).exists() and any((root / "target").glob("*.safetensors"))
 
 
-def build_tiny_bundle(root: Path, seed: int = 0) -> Path:
-    from engine_support import save_draft_from, save_tiny_llama
+def build_tiny_bundle(root: Path, seed: int = 0, head_draft: bool = False) -> Path:
+    """A tiny demo-family bundle; its draft a 1-layer copy of the target, or with head_draft a feature head
+    (what token trees need)."""
+    from engine_support import save_draft_from, save_feature_head, save_tiny_llama
     from pcgtts.asg_tables import build_asg
     from pcgtts.engine.codec.demo.codec import DemoMelCodec
     from pcgtts.engine.speech.demo.espeak import phonemize
@@ -57,7 +59,10 @@ def build_tiny_bundle(root: Path, seed: int = 0) -> Path:
 
     save_tiny_llama(root / "target", vocab=vocab.vocab_size, hidden=64, layers=2, seed=seed,
                     max_positions=4096)
-    save_draft_from(root / "target", root / "draft", layers=1, noise=0.3, seed=seed + 1)
+    if head_draft:
+        save_feature_head(root / "target", root / "draft", seed=seed + 1)
+    else:
+        save_draft_from(root / "target", root / "draft", layers=1, noise=0.3, seed=seed + 1)
     weights = load_file(next((root / "target").glob("*.safetensors")))
     embeddings = weights["model.embed_tokens.weight"][vocab.code_offset:].float()  # [K, D]
     build_asg(embeddings, 0.25, offset=vocab.code_offset, vocab_size=vocab.vocab_size,

@@ -64,6 +64,7 @@ class TTSConfig:
     acceptance: str = "pcg"  # "none" decodes with the target alone
     num_speculative_tokens: int = EngineConfig.num_speculative_tokens  # γ
     draft_confidence: float = EngineConfig.draft_confidence  # θ of the confidence-following draft length
+    draft_branches: int = EngineConfig.draft_branches  # k of a token tree (engine/spec_tree.py); 1: a chain
     # "auto": the engine speculates on a step only when that measured faster at its batch size;
     # "always": every step. Seeded requests speculate on every step either way (reproducible audio).
     speculation: str = "auto"
@@ -100,6 +101,9 @@ def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechF
     if engine_config.draft_confidence:
         raise ValueError("--draft-confidence is a builtin-engine setting: vLLM drafts its fixed γ for every "
                          "request (serve without it, or with --engine builtin)")
+    if engine_config.draft_branches > 1:
+        raise ValueError("--draft-branches is a builtin-engine setting: vLLM verifies one chain of drafts "
+                         "per request (serve without it, or with --engine builtin)")
     try:
         probe = family.build_prompt("hello", None)
     except ValueError:
@@ -166,6 +170,7 @@ class TTSService:
             extra_asg_tables=bundle.extra_asg_tables | dict(config.extra_asg_tables),
             num_speculative_tokens=config.num_speculative_tokens if use_draft else 0,
             draft_confidence=config.draft_confidence,
+            draft_branches=config.draft_branches,
             speculation=config.speculation,
             device=config.device,
             kv_budget_tokens=config.kv_budget_tokens,

@@ -1,4 +1,5 @@
-"""`pcgtts bench draft-length` end to end on a tiny bundle: fixed γ against confidence-following lengths."""
+"""`pcgtts bench draft-length` end to end on a tiny bundle: fixed γ against confidence-following lengths and a
+token tree."""
 
 from __future__ import annotations
 
@@ -10,20 +11,22 @@ from pcgtts.cli import main as pcgtts_main
 
 
 def test_draft_length_rows_count_what_each_setting_drafted(tmp_path):
-    bundle = build_tiny_bundle(tmp_path / "bundle")
+    bundle = build_tiny_bundle(tmp_path / "bundle", head_draft=True)
     out = tmp_path / "out"
     code = pcgtts_main(["bench", "draft-length", "--model", str(bundle), "--out", str(out),
-                        "--rules", "exact", "--settings", "3:0", "6:0.5", "--batch-sizes", "1", "2",
+                        "--rules", "exact", "--settings", "3:0", "6:0.5", "3:0:2", "--batch-sizes", "1", "2",
                         "--repeats", "1", "--max-tokens", "40"])
     assert code == 0
     result = json.loads((out / "draft_length.json").read_text())
     assert result["machine"]["cpu"] and result["command"]
-    rows = {(r["rule"], r["num_speculative_tokens"], r["draft_confidence"], r["batch"]): r
-            for r in result["rows"]}
-    assert len(rows) == 6 and (out / "draft_length.png").stat().st_size > 0
+    rows = {(r["rule"], r["num_speculative_tokens"], r["draft_confidence"], r["draft_branches"],
+             r["batch"]): r for r in result["rows"]}
+    assert len(rows) == 8 and (out / "draft_length.png").stat().st_size > 0
     for batch in (1, 2):
-        assert rows[("target-only", 0, 0.0, batch)]["tokens_per_verify_step"] == 1.0
-        fixed, follows = rows[("exact", 3, 0.0, batch)], rows[("exact", 6, 0.5, batch)]
+        assert rows[("target-only", 0, 0.0, 1, batch)]["tokens_per_verify_step"] == 1.0
+        fixed, follows = rows[("exact", 3, 0.0, 1, batch)], rows[("exact", 6, 0.5, 1, batch)]
+        tree = rows[("exact", 3, 0.0, 2, batch)]
+        assert tree["mean_draft_length"] == 3.0 and 1.0 <= tree["tokens_per_verify_step"] <= 4
         assert fixed["mean_draft_length"] == 3.0  # θ = 0: every speculative step drafts γ
         assert 1.0 <= follows["mean_draft_length"] <= 6.0
         for row, gamma in ((fixed, 3), (follows, 6)):
