@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--utterances", type=int, default=0, help="default: the largest batch size")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (gpu_check.sh runs it there)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/draft-length"))
 
 
@@ -70,7 +71,7 @@ def run(args) -> dict:
     engines = {}
     for rule, gamma, theta, branches in configs:
         engine = bundle_engine(bundle, rule, num_speculative_tokens=gamma or 1, draft_confidence=theta,
-                               draft_branches=branches)
+                               draft_branches=branches, device=args.device)
         engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
         engines[(rule, gamma, theta, branches)] = engine
     runs: dict[tuple, list[dict]] = {}

@@ -4,9 +4,10 @@
 # installed, the vLLM plugin's (tests/vllm: verdicts, distributions through vLLM), then both engines on a
 # Llasa-1B-shaped random pair at batch 1, 8, 32, 64: our engine (target-only / exact / pcg, eager and with
 # CUDA graphs) and vLLM with pcgtts' plugin (target-only / exact / pcg, CUDA graphs, one round) in one
-# `bench engine` table: which engine is faster at each batch size, and whether PCG pays on each.
+# `bench engine` table: which engine is faster at each batch size, and whether PCG pays on each; then the
+# draft-length / token-tree sweep of bench/results/tree/ on the shipped bundle.
 #
-#   bench/gpu_check.sh [OUT_DIR]          results: OUT_DIR/{env.txt,tests.log,eager/,cuda_graphs/}
+#   bench/gpu_check.sh [OUT_DIR]          results: OUT_DIR/{env.txt,tests.log,eager/,cuda_graphs/,tree/}
 #
 # Environment: PYTHON (a python whose torch sees the GPU, with vLLM 0.32 for vLLM's rows: README "GPU";
 # default .venv/bin/python, then python3), DEVICE (cuda), SHAPE (llasa-1b; llasa-mini exercises the same
@@ -59,6 +60,7 @@ echo "== equivalence tests on $DEVICE"
 PCGTTS_TEST_DEVICE=$DEVICE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider \
   tests/engine/test_engine_model.py tests/engine/test_engine_greedy.py tests/engine/test_engine_sampling.py \
   tests/engine/test_engine_llasa.py tests/engine/test_engine_graphs.py tests/engine/test_engine_feature_head.py \
+  tests/engine/test_tree_forward.py tests/engine/test_engine_tree.py \
   "${VLLM_TESTS[@]}" 2>&1 | tee "$OUT/tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "tests: exit $tests_rc after $((SECONDS - start)) s"
@@ -80,5 +82,13 @@ for graphs in $GRAPHS; do
     2>&1 | tee "$OUT/$graphs/bench.log"
   (( PIPESTATUS[0] != 0 )) && bench_rc=1
 done
+# the CPU's draft-length / token-tree sweep (bench/results/tree/) on the device, the shipped bundle: whether
+# a tree (k = 2), which costs more verify compute than it gains on the CPU, pays where a verify forward of a
+# few dozen tokens costs about one token's
+mkdir -p "$OUT/tree"
+timeout "$BENCH_TIMEOUT" "$PYTHON" -m pcgtts.cli bench draft-length --device "$DEVICE" --rules exact pcg \
+  --settings 3:0 3:0:2 5:0 5:0:2 --batch-sizes 1 6 --utterances 6 --repeats "$REPEATS" --max-tokens 300 \
+  --out "$OUT/tree" 2>&1 | tee "$OUT/tree/bench.log"
+(( PIPESTATUS[0] != 0 )) && bench_rc=1
 echo "bench: exit $bench_rc; total $((SECONDS - start)) s"
 exit $(( tests_rc != 0 || bench_rc != 0 ))
