@@ -41,6 +41,7 @@ from pcgtts.engine.scheduler import Scheduler
 from pcgtts.engine.sequence import Sequence as Seq
 from pcgtts.engine.spec_decode import SpeculativeDecoder
 from pcgtts.engine.spec_policy import SpeculationPolicy
+from pcgtts.engine.spec_tree import TreeDecoder
 
 DEFAULT_KV_TOKENS = 16384
 log = logging.getLogger(__name__)
@@ -139,10 +140,10 @@ class Engine:
         if gamma:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
-        self.decoder = SpeculativeDecoder(self.target, self.draft, gamma, self.shared_generator, self.head,
-                                          self.ops, self.invariance,
-                                          "off" if not self.invariance.active else config.deterministic,
-                                          draft_confidence=config.draft_confidence, branches=branches)
+        decoder_args = (self.target, self.draft, gamma, self.shared_generator, self.head, self.ops,
+                        self.invariance, "off" if not self.invariance.active else config.deterministic)
+        self.decoder = (TreeDecoder(*decoder_args, branches=branches) if branches > 1 else
+                        SpeculativeDecoder(*decoder_args, draft_confidence=config.draft_confidence))
         self.policy = SpeculationPolicy(gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, ahead,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,

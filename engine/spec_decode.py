@@ -37,7 +37,6 @@ from pcgtts.engine.model_runner import ModelRunner
 from pcgtts.engine.ops import Ops
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.engine.sequence import Sequence
-from pcgtts.engine.spec_tree import speculate_tree
 
 
 @dataclass
@@ -50,15 +49,13 @@ class StepResult:
 class SpeculativeDecoder:
     def __init__(self, target: ModelRunner, draft: ModelRunner | None, num_speculative_tokens: int,
                  shared_generator: torch.Generator, head: FeatureHead | None, ops: Ops,
-                 plan: InvariancePlan = PLAIN, invariant_steps: str = "off", draft_confidence: float = 0.0,
-                 branches: int = 1):
+                 plan: InvariancePlan = PLAIN, invariant_steps: str = "off", draft_confidence: float = 0.0):
         """draft or head (at most one) proposes; each sequence brings the acceptance rule that verifies its
         drafts (`Sequence.rule`). draft_confidence: θ of engine/draft_length.py (0: each row drafts its γ).
         ops: the forms of the per-step operations (the engine's, engine/ops);
         plan: the padding that makes forwards batch-invariant; invariant_steps: which forwards take it,
         "seeded" (prefills, and steps holding a seeded request), "always" or "off"
-        (EngineConfig.deterministic); branches: k > 1 drafts a token tree of k branches of γ with the
-        feature head (engine/spec_tree.py)."""
+        (EngineConfig.deterministic)."""
         if draft is not None and head is not None:
             raise ValueError("one draft: a Llama draft or a feature head, not both")
         self.target = target
@@ -71,7 +68,6 @@ class SpeculativeDecoder:
         self.device = target.device
         self.ops = ops
         self.draft_confidence = float(draft_confidence)
-        self.branches = branches if self.head is not None else 1
         self._valid: dict[tuple[int, int], torch.Tensor] = {}
         self.plan, self.invariant_steps = plan, invariant_steps
         self._shaped: InvariancePlan | None = None  # the plan the models' forwards take now
@@ -124,8 +120,6 @@ class SpeculativeDecoder:
         sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator, self.ops)
         if self.num_speculative_tokens == 0 or not speculate:
             return self._target_only(seqs, sampler)
-        if self.branches > 1:
-            return speculate_tree(self, seqs, sampler)
         return self._speculate(seqs, sampler)
 
     def _split_step(self, seqs: list[Sequence], ready: list[bool]) -> StepResult:

@@ -26,15 +26,27 @@ from pcgtts.engine.acceptance.tree import draw_siblings, verify_siblings
 from pcgtts.engine.attention import TreeLayout
 from pcgtts.engine.ops.verify import singleton_layout
 from pcgtts.engine.sampling import BatchSampler
+from pcgtts.engine.spec_decode import SpeculativeDecoder, StepResult
 
 if TYPE_CHECKING:
     from pcgtts.engine.sequence import Sequence
-    from pcgtts.engine.spec_decode import SpeculativeDecoder, StepResult
 
 
-def speculate_tree(dec: SpeculativeDecoder, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
-    from pcgtts.engine.spec_decode import StepResult
+class TreeDecoder(SpeculativeDecoder):
+    """A SpeculativeDecoder whose speculative steps draft a token tree of `branches` (k ≥ 2) branches of γ
+    with its feature head; target-only and split steps are the chain decoder's."""
 
+    def __init__(self, *args, branches: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.head is None or branches < 2:
+            raise ValueError("a token tree needs a feature-head draft and k ≥ 2 branches")
+        self.branches = branches
+
+    def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
+        return speculate_tree(self, seqs, sampler)
+
+
+def speculate_tree(dec: TreeDecoder, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
     k, g, dev, v = dec.branches, dec.num_speculative_tokens, dec.device, dec.vocab_size
     b = len(seqs)
     lengths = [s.length for s in seqs]

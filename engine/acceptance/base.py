@@ -11,14 +11,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
 from pcgtts.engine.acceptance.verdict import Verdict
-
-if TYPE_CHECKING:
-    from pcgtts.engine.ops.verify import GroupLayout
 
 
 def check_shapes(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor) -> None:
@@ -143,10 +139,11 @@ class AcceptanceRule(ABC):
         generator: torch.Generator | None = None,
     ) -> Verdict: ...
 
-    def sibling_layout(self, vocab_size: int, device: torch.device) -> GroupLayout | None:
-        """The groups over which the rule verifies a token tree's candidates for one position
-        (engine/acceptance/tree.py): singletons for a token-level rule, its ASG table for a group rule;
-        None where the rule has no tree form (a tree's row then verifies its first branch as a chain)."""
+    def sibling_layout(self, vocab_size: int, device: torch.device):
+        """The GroupLayout (engine/ops/verify.py; it imports this module, hence no annotation) over which
+        the rule verifies a token tree's candidates for one position (engine/acceptance/tree.py):
+        singletons for a token-level rule, its ASG table for a group rule; None where the rule has no tree
+        form (a tree's row then verifies its first branch as a chain)."""
         return None
 
     def __repr__(self) -> str:
