@@ -89,6 +89,11 @@ class TreeLayout:
         return cls(cache_index=start - 1 + col[None, :], gaps=gaps), positions
 
 
+def cache_slots(block_tables: torch.Tensor, index: torch.Tensor, block_size: int) -> torch.Tensor:
+    """The pool slot of each cache index: block_tables Long[B, M], index Long[B, T] -> Long[B, T]."""
+    return torch.gather(block_tables, 1, index // block_size) * block_size + index % block_size
+
+
 def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables: torch.Tensor,
                       block_size: int, scratch_block: int,
                       mask_dtype: torch.dtype = torch.bool, query_quantum: int = 1,
@@ -107,7 +112,7 @@ def build_paged_batch(positions: torch.Tensor, valid: torch.Tensor, block_tables
     row_positions = torch.where(valid, index, torch.full_like(index, -1)) if row_attention else None
     positions = torch.where(valid, positions, torch.zeros_like(positions))
     index = torch.where(valid, index, torch.zeros_like(index))
-    slot = torch.gather(block_tables, 1, index // block_size) * block_size + index % block_size
+    slot = cache_slots(block_tables, index, block_size)
     slot = torch.where(valid, slot, torch.full_like(slot, scratch_block * block_size))
     ctx = block_tables.shape[1] * block_size
     gaps = None if tree is None else tree.gaps

@@ -148,9 +148,9 @@ class KVMirror:
     def move(self, state: SeqBlocks, src: int, dst: int, count: int) -> None:
         """Positions [src, src + count) of `state`'s row to [dst, dst + count) (dst < src), where the row is
         held and mirrors them (ModelRunner.move_kv, which moves the pool's too)."""
-        r = self.uids.index(state.uid) if state.uid in self.uids else None
-        if r is None:
+        if state.uid not in self.uids:
             return
+        r = self.uids.index(state.uid)
         if self.mirrored[r] < src + count:  # it does not hold them: gather the row again from dst on
             self.mirrored[r] = min(self.mirrored[r], dst)
             return

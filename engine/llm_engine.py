@@ -94,6 +94,7 @@ class Engine:
         if gamma == 0:
             draft_config, head_draft = None, False
         branches = self._tree_branches(config, head_draft, gamma)
+        self.decoder_branches = branches
         ahead = gamma * branches  # drafts a verify forward scores per row (a tree's every node)
 
         block_size = config.block_size
@@ -208,13 +209,13 @@ class Engine:
             CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
         return CALIBRATIONS[key]
 
-    def _tree_branches(self, config: EngineConfig, head_draft: bool, gamma: int) -> int:
+    @staticmethod
+    def _tree_branches(config: EngineConfig, head_draft: bool, gamma: int) -> int:
         """k of EngineConfig.draft_branches, checked against what token trees run on (1 without a draft)."""
         k = config.draft_branches
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"draft_branches must be a positive integer, not {k!r}")
-        self.decoder_branches = k if gamma else 1
-        if self.decoder_branches == 1:
+        if k == 1 or not gamma:
             return 1
         if not head_draft:
             raise ValueError("token trees (draft_branches > 1) need a feature-head draft")

@@ -16,6 +16,7 @@ from pcgtts.engine.attention import (
     PagedBatch,
     TreeLayout,
     build_paged_batch,
+    cache_slots,
     pad_query_rows,
 )
 from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
@@ -172,13 +173,12 @@ class ModelRunner:
     def move_kv(self, state: SeqBlocks, src: int, dst: int, count: int) -> None:
         """Copy the K/V of cache indices [src, src + count) to [dst, dst + count) in the pool and, where the
         row holds them, in the KV mirror: a token tree's accepted branch moved to where a chain's would
-        be (engine/spec_decode.py). dst < src; both ranges inside the row's blocks."""
+        be (engine/spec_tree.py). dst < src; both ranges inside the row's blocks."""
         if count <= 0 or src == dst:
             return
-        bs = self.block_size
-        table = torch.tensor(state.blocks, dtype=torch.long, device=self.device)
-        index = torch.arange(count, device=self.device)
-        src_slots, dst_slots = ((table[i // bs] * bs + i % bs) for i in (src + index, dst + index))
+        table = torch.tensor([state.blocks], dtype=torch.long, device=self.device)  # [1, M]
+        index = torch.arange(count, device=self.device)[None, :]  # [1, count]
+        src_slots, dst_slots = (cache_slots(table, i, self.block_size)[0] for i in (src + index, dst + index))
         for t in self.cache.tensors():
             t[dst_slots] = t[src_slots]
         if self.mirror is not None:

@@ -60,7 +60,8 @@ def speculate_tree(dec: TreeDecoder, seqs: list[Sequence], sampler: BatchSampler
     u = torch.stack([sampler.uniforms() for _ in range(k)], dim=1)  # [B, k]
     siblings = torch.empty(b, k, dtype=torch.long, device=dev)
     sibling_probs = torch.empty(b, k, v, device=dev)
-    for layout, rows in _by_layout(layouts, b, dev):  # (a row without a tree form needs branch 0 only)
+    by_layout = _by_layout(layouts, dev)
+    for layout, rows in by_layout:  # (a row without a tree form needs branch 0 only)
         siblings[rows], sibling_probs[rows] = draw_siblings(layout or singleton_layout(v), p_first[rows],
                                                             u[rows])
     wide = BatchSampler([s for s in seqs for _ in range(k)], v, dev, dec.shared_generator, dec.ops)
@@ -93,7 +94,7 @@ def speculate_tree(dec: TreeDecoder, seqs: list[Sequence], sampler: BatchSampler
     first_token = torch.zeros(b, dtype=torch.long, device=dev)
     tree_rows = torch.zeros(b, dtype=torch.bool, device=dev)
     root_q = target_probs.view(b, k, g + 1, v)[:, 0, 0]  # [B, V] (every branch's column 0 is the same)
-    for layout, rows in _by_layout(layouts, b, dev):
+    for layout, rows in by_layout:
         if layout is not None:
             verdict = verify_siblings(layout, siblings[rows], sibling_probs[rows], root_q[rows],
                                       u_verify[rows])
@@ -133,10 +134,9 @@ def speculate_tree(dec: TreeDecoder, seqs: list[Sequence], sampler: BatchSampler
     return StepResult(tokens=emitted, num_accepted=num_accepted, num_drafted=caps)
 
 
-def _by_layout(layouts: list, rows: int, device: torch.device):
+def _by_layout(layouts: list, device: torch.device) -> list[tuple[object, torch.Tensor]]:
     """(layout, Long[n] rows) for each distinct layout (None: rows without a tree form)."""
     groups: dict[int, tuple[object, list[int]]] = {}
     for i, layout in enumerate(layouts):
         groups.setdefault(id(layout), (layout, []))[1].append(i)
-    for layout, members in groups.values():
-        yield layout, torch.tensor(members, device=device)
+    return [(layout, torch.tensor(members, device=device)) for layout, members in groups.values()]
