@@ -43,8 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="decode_graphs modes to compare (eager, compile, cuda_graphs), each optionally "
                              "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
                              "eager+off for forwards that are not batch-invariant; and optionally "
-                             "/ a CPU attention (EngineConfig.cpu_attention: rows, rows-split, sdpa) and / "
-                             "the CPU weights (EngineConfig.cpu_weights: fp16, fp32), e.g. eager/sdpa/fp32")
+                             "/ a CPU attention (EngineConfig.cpu_attention: rows, sdpa) and / the CPU "
+                             "weights (EngineConfig.cpu_weights: fp16, fp32), e.g. eager/sdpa/fp32")
     parser.add_argument("--rules", nargs="+", default=["target-only", "exact", "pcg"],
                         help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from pcgtts.engine.batch_invariance import attend, causal_mask, pad_rows
-from pcgtts.engine.ops.row_attention import ROW_ATTENTION, RowSplit
+from pcgtts.engine.ops.row_attention import ROW_ATTENTION
 
 if TYPE_CHECKING:
     from pcgtts.engine.kv_mirror import MirrorBatch
@@ -166,11 +166,6 @@ class AttentionBackend(ABC):
 class GatherSDPABackend(AttentionBackend):
     name = "sdpa"
 
-    def __init__(self, split_rows: bool = False):
-        """split_rows: the rows' own attention divides each large call's rows between the calling thread and
-        a helper thread (engine/ops/row_attention.py RowSplit)."""
-        self.row_attention = RowSplit() if split_rows else ROW_ATTENTION.compiled
-
     def attend(self, q, k, v, k_cache, v_cache, meta, layer):
         b, t, h, d = q.shape
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
@@ -182,7 +177,7 @@ class GatherSDPABackend(AttentionBackend):
                 mirror.write(layer, k, v)
                 keys, values, rows = mirror.mirror.keys[layer], mirror.mirror.values[layer], mirror.rows
             rows = torch.arange(b, device=q.device) if rows is None else rows
-            return self.row_attention(q, keys, values, rows, meta.row_positions,
+            return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions,
                                           meta.gaps).view(b, t, h * d)
         if mirror is None:
             keys, values, mask = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), meta.mask
@@ -225,9 +220,8 @@ BACKENDS = {"sdpa": GatherSDPABackend, "flash_attn": FlashAttnBackend}
 
 
 def make_backend(name: str, device: torch.device | str, dtype: torch.dtype | None = None,
-                 block_size: int | None = None, split_rows: bool = False) -> AttentionBackend:
-    """`auto` is the gather + SDPA backend everywhere (the one the test suite checks on CPU); split_rows: its
-    rows' own attention over two threads (GatherSDPABackend)."""
+                 block_size: int | None = None) -> AttentionBackend:
+    """`auto` is the gather + SDPA backend everywhere (the one the test suite checks on CPU)."""
     if name == "auto":
         name = "sdpa"
     if name not in BACKENDS:
@@ -237,4 +231,4 @@ def make_backend(name: str, device: torch.device | str, dtype: torch.dtype | Non
             raise ValueError("flash_attn needs CUDA and float16/bfloat16")
         if block_size is None or block_size % 256:
             raise ValueError("flash_attn's paged KV needs block_size to be a multiple of 256")
-    return GatherSDPABackend(split_rows) if name == "sdpa" else BACKENDS[name]()
+    return BACKENDS[name]()

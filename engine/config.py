@@ -74,10 +74,8 @@ class EngineConfig:
     # vocabularies up to engine.ops.COMPILED_MAX_V. False: the torch ops everywhere (what CUDA runs).
     compiled_cpu_ops: bool = True
     # Attention of eager CPU float32 forwards: "rows" (each row over its own keys, read in place:
-    # engine/ops/row_attention.py; with the compiled ops), "rows-split" (the same, a large call's rows
-    # divided between the engine thread and a helper thread: the second core's idle time, the same bits) or
-    # "sdpa" (torch's kernel over a padded context with a mask). Elsewhere (CUDA, other dtypes, captured
-    # graphs) the attention backend's own.
+    # engine/ops/row_attention.py; with the compiled ops) or "sdpa" (torch's kernel over a padded context
+    # with a mask). Elsewhere (CUDA, other dtypes, captured graphs) the attention backend's own.
     cpu_attention: str = "rows"
     # Weights of eager CPU float32 projections: "fp16" (products of two rows or more multiply from an fp16
     # copy where the checkpoint's values are exactly fp16, as the shipped bundle's are: the same weights at
@@ -96,8 +94,7 @@ class EngineConfig:
 
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
-CPU_ATTENTION = ("rows", "rows-split", "sdpa")
-ROWS_ATTENTION = ("rows", "rows-split")  # the rows' own attention, on one thread or two
+CPU_ATTENTION = ("rows", "sdpa")
 CPU_WEIGHTS = ("fp16", "fp32")
 
 

@@ -25,7 +25,6 @@ from pcgtts.engine.config import (
     CPU_ATTENTION,
     CPU_WEIGHTS,
     DETERMINISTIC_MODES,
-    ROWS_ATTENTION,
     EngineConfig,
     SamplingParams,
     check_prompt,
@@ -106,11 +105,10 @@ class Engine:
         if self.max_model_len < 2:
             raise ValueError(f"KV budget of {capacity} tokens is too small for γ={gamma}")
         positions = self.max_model_len + gamma + 1
-        rows_attention = config.compiled_cpu_ops and config.cpu_attention in ROWS_ATTENTION
-        backend = make_backend(config.attention_backend, self.device, self.dtype, block_size,
-                               split_rows=rows_attention and config.cpu_attention == "rows-split")
+        backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir,
-                      kv_mirror_bytes=config.kv_mirror_bytes, row_attention=rows_attention)
+                      kv_mirror_bytes=config.kv_mirror_bytes,
+                      row_attention=config.compiled_cpu_ops and config.cpu_attention == "rows")
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
         target_tokens = (1, gamma + 1)
@@ -382,11 +380,9 @@ class Engine:
         return rows
 
     def _step_clock(self):
-        """What the speculation policy times steps with: on a CPU running a step on this thread alone (one
-        torch thread, attention not split), the thread's own CPU time (other processes on a shared machine
-        do not inflate it); else wall time."""
-        if (self.device.type == "cpu" and torch.get_num_threads() == 1
-                and self.config.cpu_attention != "rows-split"):
+        """What the speculation policy times steps with: on a CPU running torch on this thread alone, the
+        thread's own CPU time (other processes on a shared machine do not inflate it); else wall time."""
+        if self.device.type == "cpu" and torch.get_num_threads() == 1:
             return time.thread_time
         return time.perf_counter
 

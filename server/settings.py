@@ -69,8 +69,7 @@ class ServerSettings:
                               "whatever shares the batch: seeded (steps holding a seeded request, and "
                               "prefills) | always | off")
     cpu_attention: str = _opt(TTSConfig.cpu_attention, "eager CPU float32 attention: rows (each sequence "
-                              "over its own keys, read in place) | rows-split (the same, large calls' rows "
-                              "divided with a helper thread) | sdpa (torch's kernel, padded context)")
+                              "over its own keys, read in place) | sdpa (torch's kernel, padded context)")
     cpu_weights: str = _opt(TTSConfig.cpu_weights, "eager CPU float32 projections: fp16 (multiply from an "
                             "fp16 copy where the checkpoint's weights are exactly fp16) | fp32")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")

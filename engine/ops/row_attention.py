@@ -23,8 +23,6 @@ or query blocks is needed (engine/batch_invariance.py).
 from __future__ import annotations
 
 import math
-import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -116,46 +114,6 @@ def _attend_rows(q, keys, values, rows, positions, gaps, out):
                         acc[d] += w * values[r, key, kv, d]
                 for d in range(dim):
                     out[b, t, h, d] = acc[d]
-
-
-# Fewest queries (rows x queries per row) a call divides between two threads: handing half a call to another
-# thread costs tens of microseconds, which small calls do not win back (bench/results/attention-split/).
-SPLIT_MIN_QUERIES = 24
-
-
-class RowSplit:
-    """The compiled form over two threads: the call's rows divided in two by their work (keys x queries),
-    the second part on a helper thread while the calling thread runs the first. The kernel holds no GIL
-    and every row's numbers come from that row alone, so the output is the same bits as one call's. Calls
-    with fewer than SPLIT_MIN_QUERIES queries run on the calling thread. Same signature as the compiled
-    form; the helper thread ends with this object."""
-
-    def __init__(self):
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="pcgtts-attention")
-        weakref.finalize(self, self.pool.shutdown, wait=False)
-
-    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
-                 positions: torch.Tensor, gaps: torch.Tensor | None = None) -> torch.Tensor:
-        b = q.shape[0]
-        if b < 2 or q.shape[0] * q.shape[1] < SPLIT_MIN_QUERIES:
-            return attend_rows_compiled(q, keys, values, rows, positions, gaps)
-        out = torch.empty(q.shape, dtype=torch.float32)
-        gaps = _no_gaps(positions) if gaps is None else gaps.contiguous()
-        q, positions = q.contiguous(), positions.contiguous()
-        # work of each row ~ its keys x its queries; the cut where the first part has about half of it
-        work = torch.cumsum((positions.max(dim=1).values + 1).clamp_min(0) * q.shape[1], 0)
-        cut = min(max(int(torch.searchsorted(work, work[-1] // 2)) + 1, 1), b - 1)
-        arrays = [t.numpy() for t in (q, rows, positions, gaps, out)]
-        k, v = keys.numpy(), values.numpy()
-
-        def part(lo: int, hi: int) -> None:
-            qa, ra, pa, ga, oa = (a[lo:hi] for a in arrays)
-            _attend_rows(qa, k, v, ra, pa, ga, oa)
-
-        second = self.pool.submit(part, cut, b)
-        part(0, cut)
-        second.result()
-        return out
 
 
 def _no_gaps(positions: torch.Tensor) -> torch.Tensor:

@@ -5,13 +5,10 @@ padding queries give zeros, and the polynomial exp is within a few float32 epsil
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
-from pcgtts.engine.ops import row_attention
-from pcgtts.engine.ops.row_attention import ROW_ATTENTION, SPLIT_MIN_QUERIES, RowSplit, _exp_shifted
+from pcgtts.engine.ops.row_attention import ROW_ATTENTION, _exp_shifted
 
 
 def case(seed: int, batch: int, tokens: int, heads: int, kv_heads: int, storage: int = 600, dim: int = 64):
@@ -88,14 +85,13 @@ def test_the_engine_decodes_alike_with_either_attention_and_refuses_others(tmp_p
     def tokens(**kw):
         engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3,
                                       max_num_batched_tokens=32, **kw))
-        assert engine.target.row_attention == (kw.get("cpu_attention", "rows") != "sdpa")
+        assert engine.target.row_attention == (kw.get("cpu_attention", "rows") == "rows")
         return [g.token_ids for g in engine.generate(prompts, params)]
 
     reference = tokens(cpu_attention="sdpa")
     assert tokens() == reference
     assert tokens(kv_mirror_bytes=0) == reference
     assert tokens(deterministic="always") == reference
-    assert tokens(cpu_attention="rows-split") == reference
     with pytest.raises(ValueError, match="cpu_attention"):
         Engine(engine_config(target, cpu_attention="flash"))
 
@@ -128,68 +124,3 @@ def test_a_tree_branch_attends_as_its_tokens_would_as_a_chain(form):
             torch.testing.assert_close(tree[:, columns], chain, rtol=1e-5, atol=2e-6)
     gapped_mask = gaps[0, :, 1] > gaps[0, :, 0]
     assert gapped_mask.sum() == (k - 1) * gamma  # the test exercises gaps
-
-
-@pytest.fixture
-def kernel_threads(monkeypatch):
-    """The threads that ran the compiled kernel, one (thread id, rows) per call."""
-    calls = []
-    kernel = row_attention._attend_rows
-
-    def recorded(q, *args):
-        calls.append((threading.get_ident(), q.shape[0]))
-        kernel(q, *args)
-
-    monkeypatch.setattr(row_attention, "_attend_rows", recorded)
-    return calls
-
-
-@pytest.mark.parametrize(("batch", "tokens", "gaps"), [(16, 4, False), (7, 4, True), (31, 1, False)])
-def test_split_rows_run_on_two_threads_and_give_the_same_bits(kernel_threads, batch, tokens, gaps):
-    """RowSplit: a call of at least SPLIT_MIN_QUERIES queries runs in two parts, one on the calling thread
-    and one on the helper, together covering every row once; its output is the one-thread form's, bit for
-    bit (padding rows, shuffled mirror rows, tree gaps included)."""
-    q, keys, values, rows, positions = case(batch + tokens, batch, tokens, 4, 4)
-    gap = None
-    if gaps:  # every query from the third on skips the key after the row's first query
-        gap = torch.zeros(batch, tokens, 2, dtype=torch.long)
-        gap[:, 2:, 0] = positions[:, :1].clamp_min(0) + 1
-        gap[:, 2:, 1] = positions[:, :1].clamp_min(0) + 2
-    assert batch * tokens >= SPLIT_MIN_QUERIES
-    one = ROW_ATTENTION.compiled(q, keys, values, rows, positions, gap)
-    kernel_threads.clear()
-    split = RowSplit()(q, keys, values, rows, positions, gap)
-    assert torch.equal(split, one)
-    assert len(kernel_threads) == 2 and sum(r for _, r in kernel_threads) == batch
-    assert threading.get_ident() in {t for t, _ in kernel_threads}
-    assert len({t for t, _ in kernel_threads}) == 2
-
-
-def test_small_calls_stay_on_the_calling_thread(kernel_threads):
-    q, keys, values, rows, positions = case(3, 5, 4, 4, 4)
-    assert 5 * 4 < SPLIT_MIN_QUERIES
-    one = ROW_ATTENTION.compiled(q, keys, values, rows, positions)
-    kernel_threads.clear()
-    assert torch.equal(RowSplit()(q, keys, values, rows, positions), one)
-    assert kernel_threads == [(threading.get_ident(), 5)]
-
-
-def test_an_engine_splitting_its_attention_samples_the_same_seeded_tokens(tmp_path, kernel_threads):
-    """Eight seeded requests sampled together (verify forwards of 8 x 4 queries, split in two): the same
-    tokens as with the rows' attention on one thread."""
-    from engine_support import engine_config, save_tiny_pair
-    from pcgtts.engine import Engine, SamplingParams
-
-    target, draft = save_tiny_pair(tmp_path, seed=5)
-    prompts = [list(range(3 + i, 30 + 5 * i)) for i in range(8)]
-    params = [SamplingParams(temperature=0.8, max_tokens=30, seed=i) for i in range(8)]
-
-    def tokens(attention):
-        engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_attention=attention))
-        return [g.token_ids for g in engine.generate(prompts, params)]
-
-    reference = tokens("rows")
-    assert len({t for t, _ in kernel_threads}) == 1
-    kernel_threads.clear()
-    assert tokens("rows-split") == reference
-    assert len({t for t, _ in kernel_threads}) == 2
