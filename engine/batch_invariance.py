@@ -17,7 +17,9 @@ these places only:
   into blocks whose last one may be short. So contexts are padded (masked keys) to a multiple of the key
   tile and each sequence's queries to a multiple of `query_quantum` (measured apart from the GEMMs');
   then a query's output is the same for one query or a prefill chunk of hundreds, a context of its own
-  length or a batch mate's longer one.
+  length or a batch mate's longer one. The rows' own attention (engine/ops/row_attention.py, the CPU
+  default) is invariant by construction: engines that run it under a plan pad neither, and do not
+  measure torch's kernel.
 - RMSNorm's two forms: decode-sized inputs took a layer-norm form and prefill-sized ones `rms_norm`, which
   round differently, so K/V recomputed by a prefill (after preemption, or shared through the prefix cache)
   differed from the same positions computed by decode steps. Under a plan both take `rms_norm`.
@@ -159,15 +161,24 @@ def attention_invariant(plan: InvariancePlan, num_heads: int, num_kv_heads: int,
 CALIBRATIONS: dict[tuple, InvariancePlan | None] = {}
 
 
-def calibrate(matmuls: list[tuple[object, int, int]], num_heads: int, num_kv_heads: int, head_dim: int,
-              device: torch.device, dtype: torch.dtype, mask_dtype: torch.dtype) -> InvariancePlan | None:
+def calibrate(matmuls: list[tuple[object, int, int]], attention: tuple | None, device: torch.device,
+              dtype: torch.dtype) -> InvariancePlan | None:
     """The cheapest plan under which this machine's kernels keep rows invariant, or None if no candidate
     does. matmuls: (callable x [R, in] -> [R, out], in, the most rows to check) for every distinct
-    projection of the models."""
-    inputs = [(fn, random_rows(rows, n_in, device, dtype)) for fn, n_in, rows in matmuls]
+    projection of the models; attention: (num_heads, num_kv_heads, head_dim, mask_dtype) of torch's
+    attention kernel, which the plan must also shape, or None where every forward under a plan attends by
+    the rows' own attention (engine/ops/row_attention.py: invariant by construction, so neither queries
+    nor contexts are padded, and torch's kernel, which on some machines no padding makes invariant, is not
+    measured)."""
+    # at least one multiple of every candidate: a product of fewer rows (an LM head that sees one) still
+    # runs padded to the quantum
+    inputs = [(fn, random_rows(max(rows, ROW_QUANTA[-1]), n_in, device, dtype)) for fn, n_in, rows in matmuls]
     row_quantum = next((q for q in ROW_QUANTA if all(rows_invariant(fn, x, q) for fn, x in inputs)), None)
     if row_quantum is None:
         return None
+    if attention is None:
+        return InvariancePlan(row_quantum=row_quantum, key_tile=KEY_TILE)
+    num_heads, num_kv_heads, head_dim, mask_dtype = attention
     for query_quantum in ROW_QUANTA:
         for min_keys in MIN_KEYS:
             plan = InvariancePlan(row_quantum=row_quantum, query_quantum=query_quantum, key_tile=KEY_TILE,

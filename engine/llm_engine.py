@@ -175,8 +175,10 @@ class Engine:
         plan, why = None, "captured decode graphs are not checked for batch invariance"
         if self.decode_graphs == "eager":
             checks, tcfg = self._product_checks(), self.target_config
-            attention = (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim, self.device, self.dtype,
-                         self.target.mask_dtype)
+            # torch's attention kernel is measured only where a forward under the plan would run it
+            runners = [self.target] + ([self.draft] if self.draft else [])
+            attention = None if all(r.row_attention for r in runners) else \
+                (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim, self.target.mask_dtype)
             plan = self._calibrated(checks, attention)
             if plan is None and self.half_weight_products:
                 # fbgemm's fp16 kernels keep rows invariant on the machines measured (multiples of 3 rows);
@@ -196,17 +198,20 @@ class Engine:
                 raise ValueError(f"deterministic='always': {message}")
             log.warning("%s; a seed fixes a request's tokens only among the same batch mates", message)
             return PLAIN
-        log.info("batch-invariant forwards (%s): GEMM rows padded to a multiple of %d, attention queries of "
-                 "%d, key blocks of %d-%d keys", mode, plan.row_quantum, plan.query_quantum, plan.min_keys,
-                 plan.key_tile)
+        attends = "each row's own attention" if attention is None else \
+            f"attention queries of {plan.query_quantum}, key blocks of {plan.min_keys}-{plan.key_tile} keys"
+        log.info("batch-invariant forwards (%s): GEMM rows padded to a multiple of %d, %s", mode,
+                 plan.row_quantum, attends)
         return plan
 
-    @staticmethod
-    def _calibrated(checks: list[tuple[tuple, tuple]], attention: tuple) -> InvariancePlan | None:
-        """batch_invariance.calibrate over these products, measured once per process."""
-        key = (tuple(shape for shape, _ in checks), attention, torch.get_num_threads())
+    def _calibrated(self, checks: list[tuple[tuple, tuple]], attention: tuple | None
+                    ) -> InvariancePlan | None:
+        """batch_invariance.calibrate over these products (and torch's attention kernel of this shape, unless
+        None), measured once per process."""
+        key = (tuple(shape for shape, _ in checks), attention, self.device, self.dtype,
+               torch.get_num_threads())
         if key not in CALIBRATIONS:
-            CALIBRATIONS[key] = calibrate([check for _, check in checks], *attention)
+            CALIBRATIONS[key] = calibrate([check for _, check in checks], attention, self.device, self.dtype)
         return CALIBRATIONS[key]
 
     @staticmethod

@@ -231,3 +231,36 @@ def test_calibration_follows_the_gemm_code_path(tmp_path):
     default = Engine(EngineConfig(target=BUNDLE.target_dir, deterministic="always",
                                   cpu_weights="fp32")).invariance.row_quantum
     assert there["quantum"] > default and there["holds"] and all(there["smaller_fails"]), there
+
+
+def test_an_engine_of_one_sequence_gets_the_plan_of_a_larger_one():
+    """Target-only with max_num_seqs=1: its LM head never sees more than one row, yet runs padded to the
+    quantum; the calibration checks it there too (it once checked one row, found no quantum that every
+    product shared, and dropped the seed promise, on a machine whose products need 2)."""
+    def plan(n):
+        config = EngineConfig(target=BUNDLE.target_dir, deterministic="always", max_num_seqs=n)
+        return Engine(config).invariance
+
+    one = plan(1)
+    assert one.active and one.row_quantum == plan(16).row_quantum
+
+
+def test_engines_attending_by_rows_do_not_measure_torchs_attention(monkeypatch):
+    """Where every forward under the plan attends by the rows' own attention (invariant by construction),
+    the plan pads no queries and no contexts, and torch's kernel is not measured: on a machine where no
+    padding makes that kernel invariant (simulated here), such an engine keeps the seed promise, and one
+    that runs torch's kernel ("sdpa") refuses deterministic="always"."""
+    from pcgtts.engine import batch_invariance
+
+    monkeypatch.setattr("pcgtts.engine.llm_engine.CALIBRATIONS", {})
+    monkeypatch.setattr(batch_invariance, "attention_invariant", lambda *args: False)
+
+    def config(attention):
+        return EngineConfig(target=BUNDLE.target_dir, draft=BUNDLE.draft_dir, num_speculative_tokens=GAMMA,
+                            deterministic="always", cpu_attention=attention)
+
+    rows = Engine(config("rows")).invariance
+    assert rows.active and (rows.query_quantum, rows.min_keys) == (1, 0)
+    assert rows.context(17) == 17  # contexts are not padded
+    with pytest.raises(ValueError, match="batch-invariant"):
+        Engine(config("sdpa"))
