@@ -156,12 +156,12 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
                   compile_cache_dir: Path | None = None, deterministic: str | None = None,
                   draft_confidence: float = 0.0, max_num_seqs: int | None = None,
                   cpu_attention: str | None = None, cpu_weights: str | None = None,
-                  draft_branches: int = 1) -> Engine:
+                  cpu_kv: str | None = None, draft_branches: int = 1) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
     EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
     is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa;
-    cpu_weights: fp16 | fp32 (None for these: EngineConfig's); draft_branches: k of a token tree."""
+    cpu_weights, cpu_kv: fp16 | fp32 (None for these: EngineConfig's); draft_branches: k of a token tree."""
     from pcgtts.engine import Engine, EngineConfig
     from pcgtts.engine.acceptance import uses_asg_table
 
@@ -176,4 +176,5 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
         **({} if deterministic is None else {"deterministic": deterministic}),
         **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
         **({} if cpu_attention is None else {"cpu_attention": cpu_attention}),
-        **({} if cpu_weights is None else {"cpu_weights": cpu_weights})))
+        **({} if cpu_weights is None else {"cpu_weights": cpu_weights}),
+        **({} if cpu_kv is None else {"cpu_kv": cpu_kv})))

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from pcgtts.bench.common import bundle_engine, machine, speech_requests, write_json
 from pcgtts.engine import Engine
-from pcgtts.engine.config import CPU_ATTENTION, CPU_WEIGHTS
+from pcgtts.engine.config import CPU_ATTENTION, CPU_KV, CPU_WEIGHTS
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="EngineConfig.cpu_attention (default: its default)")
     parser.add_argument("--cpu-weights", default=None, choices=CPU_WEIGHTS,
                         help="EngineConfig.cpu_weights (default: its default)")
+    parser.add_argument("--cpu-kv", default=None, choices=CPU_KV,
+                        help="EngineConfig.cpu_kv (default: its default)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("bench/results/capacity"))
 
@@ -214,7 +216,7 @@ def run(args) -> dict:
     rows, ops = [], {}
     for rule in args.rules:
         engine = bundle_engine(bundle, rule, max_num_seqs=most, cpu_attention=args.cpu_attention,
-                               cpu_weights=args.cpu_weights)
+                               cpu_weights=args.cpu_weights, cpu_kv=args.cpu_kv)
         engine.generate(*speech_requests(bundle, 2, args.temperature, 20))  # warm-up
         for b in args.batch_sizes:
             prompts, params = requests(bundle, b, args)

@@ -29,7 +29,7 @@ import torch
 from pcgtts.bench.common import DecodeTally, batched, bundle_engine, machine, speech_requests, write_json
 from pcgtts.engine import Engine
 from pcgtts.engine.block_manager import SeqBlocks
-from pcgtts.engine.config import CPU_ATTENTION, CPU_WEIGHTS
+from pcgtts.engine.config import CPU_ATTENTION, CPU_KV, CPU_WEIGHTS
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 RULES = ("target-only", "exact", "block", "pcg", "pcg-block")
@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
                              "eager+off for forwards that are not batch-invariant; and optionally "
                              "/ a CPU attention (EngineConfig.cpu_attention: rows, sdpa) and / the CPU "
-                             "weights (EngineConfig.cpu_weights: fp16, fp32), e.g. eager/sdpa/fp32")
+                             "weights (EngineConfig.cpu_weights: fp16, fp32) and / kv: the CPU K/V store "
+                             "(EngineConfig.cpu_kv: kv:fp16, kv:fp32), e.g. eager/sdpa/fp32/kv:fp32")
     parser.add_argument("--rules", nargs="+", default=["target-only", "exact", "pcg"],
                         help=f"of {', '.join(RULES)}")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 6])
@@ -142,15 +143,18 @@ def run(args) -> dict:
         for rule in args.rules:
             t0 = time.perf_counter()
             mode, *settings = graphs.split("/")  # e.g. "eager+off/sdpa/fp32"
-            unknown = [s for s in settings if s not in CPU_ATTENTION + CPU_WEIGHTS]
+            kv_settings = tuple(f"kv:{k}" for k in CPU_KV)
+            unknown = [s for s in settings if s not in CPU_ATTENTION + CPU_WEIGHTS + kv_settings]
             if unknown:
                 raise SystemExit(f"--graphs {graphs}: unknown setting {unknown[0]!r} (CPU attention "
-                                 f"{', '.join(CPU_ATTENTION)}; CPU weights {', '.join(CPU_WEIGHTS)})")
+                                 f"{', '.join(CPU_ATTENTION)}; CPU weights {', '.join(CPU_WEIGHTS)}; CPU K/V "
+                                 f"{', '.join(kv_settings)})")
             mode, _, deterministic = mode.partition("+")
             engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
                                    decode_graphs=mode, deterministic=deterministic or None,
                                    cpu_attention=next((s for s in settings if s in CPU_ATTENTION), None),
                                    cpu_weights=next((s for s in settings if s in CPU_WEIGHTS), None),
+                                   cpu_kv=next((s[3:] for s in settings if s in kv_settings), None),
                                    device=args.device, dtype=args.dtype,
                                    compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,

@@ -142,8 +142,8 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     """New k/v [B, T, H_kv, D] into their slots (caches [S, H_kv, D]). `index_put_` rather than
     `index_copy_`: inductor turns it into an in-place scatter instead of copying the whole cache."""
     b, t, h_kv, d = k.shape
-    k_cache.index_put_((slot_mapping,), k.reshape(b * t, h_kv, d))
-    v_cache.index_put_((slot_mapping,), v.reshape(b * t, h_kv, d))
+    k_cache.index_put_((slot_mapping,), k.reshape(b * t, h_kv, d).to(k_cache.dtype))
+    v_cache.index_put_((slot_mapping,), v.reshape(b * t, h_kv, d).to(v_cache.dtype))
 
 
 def gather_blocks(cache: torch.Tensor, meta: PagedBatch) -> torch.Tensor:
@@ -179,8 +179,9 @@ class GatherSDPABackend(AttentionBackend):
             rows = torch.arange(b, device=q.device) if rows is None else rows
             return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions,
                                           meta.gaps).view(b, t, h * d)
-        if mirror is None:
-            keys, values, mask = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), meta.mask
+        if mirror is None:  # (an fp16 K/V store widened to q's dtype: a prefill chunk over gathered blocks)
+            keys, values = (gather_blocks(c, meta).to(q.dtype) for c in (k_cache, v_cache))
+            mask = meta.mask
         else:  # over the mirror's rows [0, span): this forward's rows and, between them, holes
             mirror.write(layer, k, v)
             keys, values = mirror.layer(layer, meta.context_len)  # views [span, ctx, H_kv, D]

@@ -82,6 +82,11 @@ class EngineConfig:
     # half the bytes, engine/model/llama.py Projection) or "fp32" (MKL's products over the float32 weights
     # only). Other checkpoints, devices and dtypes keep their own.
     cpu_weights: str = "fp16"
+    # K/V store of eager CPU float32 forwards attending by the rows' own attention (cpu_attention "rows"):
+    # "fp16" (K and V rounded to fp16 as they are written, the KV cache and mirror at half the bytes; the
+    # row-attention kernel widens them as it reads, and attention is bound by reading them) or "fp32".
+    # Other devices, dtypes, attentions and captured graphs keep the model's dtype.
+    cpu_kv: str = "fp16"
     seed: int = 0  # seeds the generator shared by requests without their own seed
     # Batch-invariant forwards (engine/batch_invariance.py): every row's arithmetic the same bits whatever
     # shares its forward, so a seeded request gives the same tokens alone or beside any others. "seeded":
@@ -96,6 +101,7 @@ class EngineConfig:
 DETERMINISTIC_MODES = ("seeded", "always", "off")
 CPU_ATTENTION = ("rows", "sdpa")
 CPU_WEIGHTS = ("fp16", "fp32")
+CPU_KV = ("fp16", "fp32")
 
 
 def check_prompt(prompt_ids, vocab_size: int, max_model_len: int) -> list[int]:

@@ -46,8 +46,9 @@ class MirrorBatch:
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """New k/v [B, T, H_kv, D] of layer i into their mirror positions (padding: the scratch column)."""
         b, t, h_kv, d = k.shape
-        self.mirror.flat_keys[i].index_put_((self.write_slots,), k.reshape(b * t, h_kv, d))
-        self.mirror.flat_values[i].index_put_((self.write_slots,), v.reshape(b * t, h_kv, d))
+        dtype = self.mirror.dtype  # (fp16 K/V under a float32 model: rounded as the pool rounds them)
+        self.mirror.flat_keys[i].index_put_((self.write_slots,), k.reshape(b * t, h_kv, d).to(dtype))
+        self.mirror.flat_values[i].index_put_((self.write_slots,), v.reshape(b * t, h_kv, d).to(dtype))
 
     def layer(self, i: int, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views K, V [span, ctx, H_kv, D] of layer i."""

@@ -23,6 +23,7 @@ from pcgtts.engine.attention import make_backend
 from pcgtts.engine.batch_invariance import CALIBRATIONS, PLAIN, ROW_QUANTA, InvariancePlan, calibrate
 from pcgtts.engine.config import (
     CPU_ATTENTION,
+    CPU_KV,
     CPU_WEIGHTS,
     DETERMINISTIC_MODES,
     EngineConfig,
@@ -79,6 +80,8 @@ class Engine:
             raise ValueError(f"cpu_attention must be one of {CPU_ATTENTION}, not {config.cpu_attention!r}")
         if config.cpu_weights not in CPU_WEIGHTS:
             raise ValueError(f"cpu_weights must be one of {CPU_WEIGHTS}, not {config.cpu_weights!r}")
+        if config.cpu_kv not in CPU_KV:
+            raise ValueError(f"cpu_kv must be one of {CPU_KV}, not {config.cpu_kv!r}")
         self.device = torch.device(config.device)
         self.decode_graphs = resolve_mode(config.decode_graphs, self.device)
         self.dtype = resolve_dtype(config.dtype, self.device, compiled=self.decode_graphs == "compile")
@@ -98,6 +101,13 @@ class Engine:
         ahead = gamma * branches  # drafts a verify forward scores per row (a tree's every node)
 
         block_size = config.block_size
+        backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
+        compiled = self.decode_graphs != "eager"
+        row_attention = config.compiled_cpu_ops and config.cpu_attention == "rows" and backend.name == "sdpa"
+        # fp16 K/V where every attention over it is the rows' own (which widens as it reads) or a prefill's
+        # SDPA over gathered blocks (widened first); captured graphs and other devices keep the model's dtype
+        self.kv_dtype = (torch.float16 if config.cpu_kv == "fp16" and row_attention
+                         and few_op_forms(self.device, self.dtype, compiled) else self.dtype)
         num_blocks = self._num_blocks(draft_config)
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or self.target_config.max_position_embeddings,
@@ -105,14 +115,12 @@ class Engine:
         if self.max_model_len < 2:
             raise ValueError(f"KV budget of {capacity} tokens is too small for γ={gamma}")
         positions = self.max_model_len + gamma + 1
-        backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir,
-                      kv_mirror_bytes=config.kv_mirror_bytes,
-                      row_attention=config.compiled_cpu_ops and config.cpu_attention == "rows")
+                      kv_mirror_bytes=config.kv_mirror_bytes, row_attention=row_attention,
+                      kv_dtype=self.kv_dtype)
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
         target_tokens = (1, gamma + 1)
-        compiled = self.decode_graphs != "eager"
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions, compiled),
                                   num_blocks, block_size, backend, decode_tokens=target_tokens,
                                   tree_tokens=ahead + 1 if branches > 1 else 0, **graphs)
@@ -157,9 +165,9 @@ class Engine:
     def _num_blocks(self, draft_config: LlamaConfig | None) -> int:
         cfg, bs = self.config, self.config.block_size
         if cfg.kv_budget_bytes:
-            per_token = self.target_config.kv_bytes_per_token(self.dtype)
+            per_token = self.target_config.kv_bytes_per_token(self.kv_dtype)
             if draft_config is not None:
-                per_token += draft_config.kv_bytes_per_token(self.dtype)
+                per_token += draft_config.kv_bytes_per_token(self.kv_dtype)
             return max(1, cfg.kv_budget_bytes // (per_token * bs))
         return max(1, -(-(cfg.kv_budget_tokens or DEFAULT_KV_TOKENS) // bs))
 

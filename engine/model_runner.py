@@ -31,18 +31,21 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, backend: AttentionBackend,
                  decode_graphs: str = "eager", decode_tokens: tuple[int, ...] = (),
                  cache_dir: Path | None = None, kv_mirror_bytes: int = 0, row_attention: bool = False,
-                 tree_tokens: int = 0):
+                 tree_tokens: int = 0, kv_dtype: torch.dtype | None = None):
         """decode_graphs: "eager" | "compile" | "cuda_graphs" | "auto" (captured.resolve_mode);
         decode_tokens: the tokens-per-row counts to capture (e.g. (γ+1,) for a target);
         kv_mirror_bytes: memory bound of the KV mirror (0: none), used by eager CPU forwards with the
         gather backend only; row_attention: eager CPU float32 forwards with the gather backend may attend
         each row over its own keys (engine/ops/row_attention.py; the engine's compiled ops); tree_tokens:
-        the tokens per row of a token tree's verify forward (eager), which decodes like decode_tokens."""
+        the tokens per row of a token tree's verify forward (eager), which decodes like decode_tokens;
+        kv_dtype: the KV cache's (and mirror's) dtype, the model's by default (fp16 under a float32 model:
+        K/V rounded as they are written, EngineConfig.cpu_kv)."""
         self.model = model
         self.device = model.device
         self.block_size = block_size
         self.blocks = BlockAllocator(num_blocks, block_size)
-        self.cache = KVCache(model.cfg, num_blocks, block_size, model.device, model.dtype)
+        self.kv_dtype = kv_dtype or model.dtype
+        self.cache = KVCache(model.cfg, num_blocks, block_size, model.device, self.kv_dtype)
         self.backend = backend
         # an additive attention mask where the CPU attention kernel would otherwise convert a bool one
         self.mask_dtype = model.dtype if self.device.type == "cpu" and backend.name == "sdpa" else torch.bool
@@ -61,7 +64,7 @@ class ModelRunner:
         if kv_mirror_bytes and self.captured is None and backend.name == "sdpa" and self.device.type == "cpu":
             cfg = model.cfg
             self.mirror = KVMirror(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, self.device,
-                                   model.dtype, kv_mirror_bytes)
+                                   self.kv_dtype, kv_mirror_bytes)
 
     def apply_plan(self, plan: InvariancePlan) -> None:
         """Shape this runner's forwards by `plan` (engine/batch_invariance.py): padded GEMM rows, attention

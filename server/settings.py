@@ -72,6 +72,8 @@ class ServerSettings:
                               "over its own keys, read in place) | sdpa (torch's kernel, padded context)")
     cpu_weights: str = _opt(TTSConfig.cpu_weights, "eager CPU float32 projections: fp16 (multiply from an "
                             "fp16 copy where the checkpoint's weights are exactly fp16) | fp32")
+    cpu_kv: str = _opt(TTSConfig.cpu_kv, "eager CPU float32 K/V store under the rows' attention: fp16 (K/V "
+                       "rounded to fp16 as written, half the bytes attention reads) | fp32")
     max_num_seqs: int = _opt(TTSConfig.max_num_seqs, "sequences decoded together per engine step")
     max_waiting: int = _opt(TTSConfig.max_waiting, "queued requests before new ones get HTTP 429")
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")

@@ -79,6 +79,7 @@ class TTSConfig:
     deterministic: str = EngineConfig.deterministic  # batch-invariant forwards: seeded | always | off
     cpu_attention: str = EngineConfig.cpu_attention  # eager CPU attention: rows | sdpa (EngineConfig)
     cpu_weights: str = EngineConfig.cpu_weights  # eager CPU projections' weights: fp16 | fp32 (EngineConfig)
+    cpu_kv: str = EngineConfig.cpu_kv  # eager CPU rows-attention K/V store: fp16 | fp32 (EngineConfig)
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
@@ -182,6 +183,7 @@ class TTSService:
             deterministic=config.deterministic,
             cpu_attention=config.cpu_attention,
             cpu_weights=config.cpu_weights,
+            cpu_kv=config.cpu_kv,
         )
         engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
             _vllm_engine(config, engine_config, family)

@@ -10,19 +10,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 # float flags that let LLVM vectorise a loop's sums (reassociate, fuse multiply-adds) while infinities and
 # NaNs keep their meaning (numba's fastmath=True would also assume there are none)
 REASSOCIATE = frozenset({"reassoc", "contract", "arcp", "nsz"})
 
 
-def cpu_kernel(signature: str | None = None,
+def cpu_kernel(signature: str | list[str] | None = None,
                fastmath: frozenset | bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: njit(signature, nogil=True), cached on disk when possible. With a signature the loop is
-    compiled at import (or loaded from the cache), not on its first call. fastmath: numba's flags (e.g.
-    REASSOCIATE); the sums of such a loop are grouped as the vector width has it, the same grouping at
-    every call of one length."""
+    """Decorator: njit(signature, nogil=True), cached on disk when possible. With a signature (or a list of
+    them) the loop is compiled at import (or loaded from the cache), not on its first call. fastmath:
+    numba's flags (e.g. REASSOCIATE); the sums of such a loop are grouped as the vector width has it, the
+    same grouping at every call of one length."""
     args = (signature,) if signature else ()
     flags = set(fastmath) if isinstance(fastmath, frozenset) else fastmath
 
@@ -33,6 +35,21 @@ def cpu_kernel(signature: str | None = None,
             return njit(*args, nogil=True, fastmath=flags)(fn)
 
     return decorate
+
+
+@intrinsic
+def as_float32(typingctx, x):
+    """x as float32 inside a compiled loop: a float32 as it is, or a uint16 taken as the bits of an IEEE
+    half (an fp16 tensor viewed as uint16: numba has no float16 type on the CPU). The widening is exact and
+    LLVM vectorises it (vcvtph2ps where the CPU has F16C), so a loop can read fp16 arrays at half the bytes
+    and compute on the same float32 values their widening would give."""
+    if x == types.uint16:
+        def widen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+        return types.float32(types.uint16), widen
+    if x == types.float32:
+        return types.float32(types.float32), lambda context, builder, signature, args: args[0]
+    return None
 
 
 @cpu_kernel()

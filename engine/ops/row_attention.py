@@ -6,7 +6,9 @@ blocks): the CPU forwards' attention.
 
 Batch row b attends over keys[rows[b], :p + 1] for each query at position p = positions[b, t], less the
 keys [lo, hi) of its gap (gaps[b, t]: a token tree's earlier branches, engine/attention.py TreeLayout); a
-position of -1 marks a padding query (its output is zeros). Float32 on the CPU. A query with a gap sums over
+position of -1 marks a padding query (its output is zeros). Float32 on the CPU; keys and values float32 or
+fp16 (an fp16 K/V store: the kernel widens each element as it reads it, so it computes what it would over
+the float32 widening of those K/V, at half the memory traffic). A query with a gap sums over
 its visible keys in the same order, with the same numbers, as a query without one over those keys laid out
 contiguously: a tree branch computes the bits its tokens would as a chain.
 
@@ -29,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from pcgtts.engine.batch_invariance import causal_mask
 from pcgtts.engine.ops import Twin
-from pcgtts.engine.ops.kernel import REASSOCIATE, cpu_kernel
+from pcgtts.engine.ops.kernel import REASSOCIATE, as_float32, cpu_kernel
 
 _LOG2E = np.float32(1.4426950408889634)
 _LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
@@ -60,8 +62,13 @@ def _exp_shifted(s, top, n, bits):
     return total
 
 
-@cpu_kernel("void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], int64[::1], "
-            "int64[:, ::1], int64[:, :, ::1], float32[:, :, :, ::1])", fastmath=REASSOCIATE)
+def _signature(kv: str) -> str:
+    return (f"void(float32[:, :, :, ::1], {kv}[:, :, :, ::1], {kv}[:, :, :, ::1], int64[::1], "
+            "int64[:, ::1], int64[:, :, ::1], float32[:, :, :, ::1])")
+
+
+# K/V float32, or fp16 viewed as uint16 (read through as_float32: half the bytes, the same float32 values)
+@cpu_kernel([_signature("float32"), _signature("uint16")], fastmath=REASSOCIATE)
 def _attend_rows(q, keys, values, rows, positions, gaps, out):
     b_rows, t_len, heads, dim = q.shape
     group = heads // keys.shape[2]  # query heads per K/V head
@@ -81,7 +88,7 @@ def _attend_rows(q, keys, values, rows, positions, gaps, out):
                 for t in range(t_len):
                     dot = np.float32(0.0)
                     for d in range(dim):
-                        dot += q[b, t, h, d] * keys[r, j, kv, d]
+                        dot += q[b, t, h, d] * as_float32(keys[r, j, kv, d])
                     scores[t, h, j] = dot * scale
         for t in range(t_len):
             p = positions[b, t]
@@ -111,7 +118,7 @@ def _attend_rows(q, keys, values, rows, positions, gaps, out):
                     w = s[j] * inv
                     key = j if j < lo or not skip else j + skip
                     for d in range(dim):
-                        acc[d] += w * values[r, key, kv, d]
+                        acc[d] += w * as_float32(values[r, key, kv, d])
                 for d in range(dim):
                     out[b, t, h, d] = acc[d]
 
@@ -124,9 +131,14 @@ def attend_rows_compiled(q: torch.Tensor, keys: torch.Tensor, values: torch.Tens
                          positions: torch.Tensor, gaps: torch.Tensor | None = None) -> torch.Tensor:
     out = torch.empty(q.shape, dtype=torch.float32)
     gaps = _no_gaps(positions) if gaps is None else gaps
-    _attend_rows(q.contiguous().numpy(), keys.numpy(), values.numpy(), rows.numpy(),
+    _attend_rows(q.contiguous().numpy(), _kernel_view(keys), _kernel_view(values), rows.numpy(),
                  positions.contiguous().numpy(), gaps.contiguous().numpy(), out.numpy())
     return out
+
+
+def _kernel_view(kv: torch.Tensor) -> np.ndarray:
+    """K or V as the kernel reads it: float32, or fp16 as its bits (uint16)."""
+    return kv.view(torch.int16).numpy().view(np.uint16) if kv.dtype == torch.float16 else kv.numpy()
 
 
 def attend_rows_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
@@ -134,7 +146,7 @@ def attend_rows_torch(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """The same from torch ops: each row's keys selected, a causal mask (less the gaps) from the
     positions, SDPA."""
     longest = int(positions.max()) + 1 if positions.numel() else 1
-    k, v = keys[rows, :max(longest, 1)], values[rows, :max(longest, 1)]  # [B, ctx, H_kv, D]
+    k, v = (t[rows, :max(longest, 1)].float() for t in (keys, values))  # [B, ctx, H_kv, D]
     visible = causal_mask(positions, k.shape[1], torch.bool, gaps)[:, 0]  # [B, T, ctx]
     visible[..., 0] |= positions < 0  # a padding query sees key 0 (its output is zeroed below)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),

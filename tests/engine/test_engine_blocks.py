@@ -120,7 +120,8 @@ def test_waiting_queue_is_bounded(pair):
 
 def test_kv_budget_in_bytes(pair):
     engine = Engine(engine_config(pair[0], draft=pair[1], kv_budget_bytes=1 << 20, block_size=16))
-    per_token = 2 * 2 * engine.target_config.num_kv_heads * engine.target_config.head_dim * 4  # 2 layers, K+V
+    assert engine.kv_dtype == torch.float16  # the CPU default (cpu_kv="fp16"): 2 bytes an element
+    per_token = 2 * 2 * engine.target_config.num_kv_heads * engine.target_config.head_dim * 2  # 2 layers, K+V
     expected_blocks = (1 << 20) // (2 * per_token * 16)  # target + draft caches share the budget
     assert engine.target.blocks.num_blocks == engine.draft.blocks.num_blocks == expected_blocks
     assert engine.target.cache.num_bytes + engine.draft.cache.num_bytes <= (1 << 20) + 2 * 16 * per_token

@@ -24,7 +24,9 @@ ATOL = 1e-4
 def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("graphs")
     target = save_tiny_llama(root / "target", vocab=256, layers=2, seed=5)
-    eager = Engine(engine_config(target, block_size=8, dtype="float32"))
+    # the eager engine keeps float32 K/V, as captured graphs do (an eager CPU engine rounds them to fp16 by
+    # default, EngineConfig.cpu_kv)
+    eager = Engine(engine_config(target, block_size=8, dtype="float32", cpu_kv="fp32"))
     captured = Engine(engine_config(target, block_size=8, dtype="float32", decode_graphs=MODE,
                                     compile_cache_dir=root / "inductor"))
     return eager, captured
@@ -39,6 +41,7 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 def test_captured_engine_decodes_the_same_greedy_tokens(engines):
     eager, captured = engines
     assert captured.target.captured is not None and eager.target.captured is None
+    assert captured.kv_dtype == torch.float32  # captured graphs write the model's dtype whatever cpu_kv says
     for batch in (prompts(5, seed=1), prompts(1, seed=2)):  # many rows, then one row
         want = [g.token_ids for g in eager.generate(batch, GREEDY)]
         got = [g.token_ids for g in captured.generate(batch, GREEDY)]

@@ -38,6 +38,24 @@ def test_the_compiled_form_agrees_with_sdpa_over_each_rows_keys(batch, tokens, h
     assert (compiled[padding] == 0).all()
 
 
+@pytest.mark.parametrize(("batch", "tokens", "heads", "kv_heads"),
+                         [(16, 1, 4, 4), (6, 4, 4, 4), (5, 4, 8, 2)])
+def test_an_fp16_kv_store_attends_as_its_float32_widening(batch, tokens, heads, kv_heads):
+    """fp16 keys and values (EngineConfig.cpu_kv): the compiled form widens each element as it reads it, so
+    its output is the same bits as over the float32 copies of those fp16 values; the torch form agrees."""
+    q, keys, values, rows, positions = case(batch * 10 + tokens, batch, tokens, heads, kv_heads)
+    half_keys, half_values = keys.half(), values.half()
+    assert not torch.equal(half_keys.float(), keys)  # the store rounds
+    stored = ROW_ATTENTION.compiled(q, half_keys, half_values, rows, positions)
+    widened = ROW_ATTENTION.compiled(q, half_keys.float(), half_values.float(), rows, positions)
+    assert torch.equal(stored, widened)
+    torch.testing.assert_close(ROW_ATTENTION.torch(q, half_keys, half_values, rows, positions), stored,
+                               rtol=1e-5, atol=2e-6)
+    # what rounding K/V costs here: the output moves by about fp16's precision, not more
+    exact = ROW_ATTENTION.compiled(q, keys, values, rows, positions)
+    torch.testing.assert_close(stored, exact, rtol=0, atol=5e-3)
+
+
 def test_a_querys_output_is_the_same_bits_whatever_shares_the_call():
     """Each query of a 5-row, 4-token call against the same query alone, inside a prefill-sized chunk of its
     own row (positions 0..p), and beside mates of other lengths in another order."""
@@ -73,8 +91,8 @@ def test_the_exp_polynomial_is_within_a_few_epsilons():
 
 def test_the_engine_decodes_alike_with_either_attention_and_refuses_others(tmp_path):
     """An engine over a tiny model with the rows' own attention (prefill chunks, decode and verify steps,
-    the KV mirror on and off) generates the greedy tokens torch's kernel does; an unknown name fails at
-    start."""
+    the KV mirror on and off, K/V stored in fp16 and in float32) generates the greedy tokens torch's kernel
+    over float32 K/V does; an unknown name fails at start."""
     from engine_support import engine_config, save_tiny_pair
     from pcgtts.engine import Engine, SamplingParams
 
@@ -85,15 +103,27 @@ def test_the_engine_decodes_alike_with_either_attention_and_refuses_others(tmp_p
     def tokens(**kw):
         engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3,
                                       max_num_batched_tokens=32, **kw))
-        assert engine.target.row_attention == (kw.get("cpu_attention", "rows") == "rows")
-        return [g.token_ids for g in engine.generate(prompts, params)]
+        rows = kw.get("cpu_attention", "rows") == "rows"
+        assert engine.target.row_attention == rows
+        # K/V stored in fp16 under the rows' attention unless cpu_kv="fp32" (pool and mirror alike)
+        kv_dtype = torch.float16 if rows and kw.get("cpu_kv", "fp16") == "fp16" else torch.float32
+        for runner in (engine.target, engine.draft):
+            assert {t.dtype for t in runner.cache.tensors()} == {kv_dtype}
+            assert runner.mirror is None or runner.mirror.dtype == kv_dtype
+        out = [g.token_ids for g in engine.generate(prompts, params)]
+        mirror = engine.target.mirror
+        assert mirror is None or {t.dtype for t in mirror.keys + mirror.values} == {kv_dtype}
+        return out
 
     reference = tokens(cpu_attention="sdpa")
     assert tokens() == reference
+    assert tokens(cpu_kv="fp32") == reference
     assert tokens(kv_mirror_bytes=0) == reference
     assert tokens(deterministic="always") == reference
     with pytest.raises(ValueError, match="cpu_attention"):
         Engine(engine_config(target, cpu_attention="flash"))
+    with pytest.raises(ValueError, match="cpu_kv"):
+        Engine(engine_config(target, cpu_kv="fp8"))
 
 
 @pytest.mark.parametrize("form", ["compiled", "torch"])
