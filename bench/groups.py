@@ -28,6 +28,7 @@ Writes OUT/groups.json. Needs the `eval` extra and recipes/demo/requirements-eva
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -39,6 +40,7 @@ from pcgtts.asg_tables import build_asg
 from pcgtts.asg_tables.embeddings import read_embedding_rows
 from pcgtts.bench.common import DecodeTally, machine, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
+from pcgtts.engine.config import CPU_KV
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 NUM_SPECULATIVE_TOKENS = 3
@@ -147,8 +149,13 @@ def add_intervals(report: dict) -> dict:
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
         temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int],
-        gammas: tuple[int, ...] = (NUM_SPECULATIVE_TOKENS,)) -> dict:
+        gammas: tuple[int, ...] = (NUM_SPECULATIVE_TOKENS,), kv_stores: tuple[str, ...] = ()) -> dict:
+    """kv_stores: EngineConfig.cpu_kv settings to decode with, the first the baseline's (target-only); each
+    other adds a target-only row and PCG rows labelled "kv:SETTING", scored against that baseline.
+    Default: EngineConfig's alone."""
     from pcgtts.recipes.demo.eval_codec import eval_sentences
+
+    kv_stores = kv_stores or (EngineConfig.cpu_kv,)
 
     torch.set_num_threads(1)
     bundle = ModelBundle.from_dir(model_dir)
@@ -172,10 +179,11 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
     report: dict = {"model": shown_path(model_dir), "num_speculative_tokens": list(gammas),
                     "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
-                    "machine": machine(), "tables": {}, "decoding": {}}
+                    "baseline_cpu_kv": kv_stores[0], "machine": machine(), "tables": {}, "decoding": {}}
     if out.exists():  # resume: rows already measured with the same settings are kept
         old = json.loads(out.read_text())
-        if all(old.get(k) == report[k] for k in ("model", "temperature", "sentences", "seeds", "swap_seeds")):
+        if all(old.get(k, report[k] if k == "baseline_cpu_kv" else None) == report[k]
+               for k in ("model", "temperature", "sentences", "seeds", "swap_seeds", "baseline_cpu_kv")):
             report["tables"], report["decoding"] = old["tables"], old["decoding"]
 
     def save() -> None:
@@ -190,19 +198,27 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                       "acceptance_rate": tally.acceptance_rate,
                       "tokens_per_verify_step": tally.tokens_per_verify_step}
 
-    base_gens, stats = timed(Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0)), {})
-    baseline = [g.token_ids for g in base_gens]
-    if "target-only" not in report["decoding"]:
-        report["decoding"]["target-only"] = stats | scorer(baseline)
-        save()
+    def kv_label(kv: str) -> str:
+        return "" if kv == kv_stores[0] else f" kv:{kv}"
+
+    def deltas(row: dict) -> dict:
+        ref = subset(report["decoding"]["target-only"], row["rows"])
+        return {"delta_wer": row["wer"] - ref["wer"],
+                "delta_similarity": row["speaker_similarity"] - ref["speaker_similarity"]}
+
+    for kv in kv_stores:  # the baseline first, then target-only over each other K/V store
+        gens, stats = timed(Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0,
+                                                cpu_kv=kv)), {})
+        if kv == kv_stores[0]:
+            baseline = [g.token_ids for g in gens]
+        label = "target-only" + kv_label(kv)
+        if label not in report["decoding"]:
+            row = stats | scorer([g.token_ids for g in gens])
+            report["decoding"][label] = row if kv == kv_stores[0] else row | deltas(row)
+            save()
     base = report["decoding"]["target-only"]
     print(f"[groups] target-only WER {base['wer']:.3f} sim {base['speaker_similarity']:.3f}", flush=True)
     swap_rows = [k for k, (seed, *_) in enumerate(items) if seed in swap_seeds]
-
-    def deltas(row: dict) -> dict:
-        ref = subset(base, row["rows"])
-        return {"delta_wer": row["wer"] - ref["wer"],
-                "delta_similarity": row["speaker_similarity"] - ref["speaker_similarity"]}
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
@@ -225,11 +241,11 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
             save()
             print(f"[groups] swap {spec}: |G| {row['mean_seed_group']:.1f} "
                   f"swapped {row['swapped_share']:.2f} {deltas(row)}", flush=True)
-        for gamma in gammas if decode_tables else ():
+        for gamma, kv in itertools.product(gammas if decode_tables else (), kv_stores):
             engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
                                          num_speculative_tokens=gamma, asg_table=paths[decode_tables[0]],
-                                         extra_asg_tables={s: paths[s] for s in decode_tables}))
-            suffix = "" if gamma == NUM_SPECULATIVE_TOKENS else f" γ={gamma}"
+                                         extra_asg_tables={s: paths[s] for s in decode_tables}, cpu_kv=kv))
+            suffix = ("" if gamma == NUM_SPECULATIVE_TOKENS else f" γ={gamma}") + kv_label(kv)
             runs = [(f"pcg {s}{suffix}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
             for label, kw in runs:
                 if label in report["decoding"]:
@@ -263,11 +279,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=700)
     parser.add_argument("--num-speculative-tokens", type=int, nargs="+", default=[NUM_SPECULATIVE_TOKENS],
                         help="draft lengths γ to decode each table at")
+    parser.add_argument("--cpu-kv", nargs="+", default=[EngineConfig.cpu_kv], choices=CPU_KV,
+                        help="K/V stores to decode with (EngineConfig.cpu_kv), the first the target-only "
+                             "baseline's; each other adds rows labelled kv:SETTING")
 
 
 def main(args: argparse.Namespace) -> int:
     report = run(args.model, args.out, args.sentences, args.seeds, args.tables, args.temperature,
-                 args.max_tokens, args.decode_tables, args.swap_seeds, tuple(args.num_speculative_tokens))
+                 args.max_tokens, args.decode_tables, args.swap_seeds, tuple(args.num_speculative_tokens),
+                 tuple(args.cpu_kv))
     for label, row in report["decoding"].items():
         print(f"{label:>16}: tok/verify {row['tokens_per_verify_step']:.2f} "
               f"WER {row['wer']:.3f} sim {row['speaker_similarity']:.3f}")
