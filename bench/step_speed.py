@@ -33,6 +33,7 @@ from pcgtts.engine.config import CPU_ATTENTION, CPU_KV, CPU_WEIGHTS
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 RULES = ("target-only", "exact", "block", "pcg", "pcg-block")
+KV_SETTINGS = tuple(f"kv:{k}" for k in CPU_KV)  # --graphs' names of the CPU K/V stores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,18 +144,17 @@ def run(args) -> dict:
         for rule in args.rules:
             t0 = time.perf_counter()
             mode, *settings = graphs.split("/")  # e.g. "eager+off/sdpa/fp32"
-            kv_settings = tuple(f"kv:{k}" for k in CPU_KV)
-            unknown = [s for s in settings if s not in CPU_ATTENTION + CPU_WEIGHTS + kv_settings]
+            unknown = [s for s in settings if s not in CPU_ATTENTION + CPU_WEIGHTS + KV_SETTINGS]
             if unknown:
                 raise SystemExit(f"--graphs {graphs}: unknown setting {unknown[0]!r} (CPU attention "
                                  f"{', '.join(CPU_ATTENTION)}; CPU weights {', '.join(CPU_WEIGHTS)}; CPU K/V "
-                                 f"{', '.join(kv_settings)})")
+                                 f"{', '.join(KV_SETTINGS)})")
             mode, _, deterministic = mode.partition("+")
             engine = bundle_engine(bundle, rule, num_speculative_tokens=args.num_speculative_tokens,
                                    decode_graphs=mode, deterministic=deterministic or None,
                                    cpu_attention=next((s for s in settings if s in CPU_ATTENTION), None),
                                    cpu_weights=next((s for s in settings if s in CPU_WEIGHTS), None),
-                                   cpu_kv=next((s[3:] for s in settings if s in kv_settings), None),
+                                   cpu_kv=next((s[3:] for s in settings if s in KV_SETTINGS), None),
                                    device=args.device, dtype=args.dtype,
                                    compile_cache_dir=args.compile_cache_dir)
             start_up[f"{graphs}/{rule}"] = {"seconds": time.perf_counter() - t0,
