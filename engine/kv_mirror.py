@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from pcgtts.engine.attention import write_kv
 from pcgtts.engine.block_manager import SeqBlocks
 
 
@@ -45,10 +46,8 @@ class MirrorBatch:
 
     def write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """New k/v [B, T, H_kv, D] of layer i into their mirror positions (padding: the scratch column)."""
-        b, t, h_kv, d = k.shape
-        dtype = self.mirror.dtype  # (fp16 K/V under a float32 model: rounded as the pool rounds them)
-        self.mirror.flat_keys[i].index_put_((self.write_slots,), k.reshape(b * t, h_kv, d).to(dtype))
-        self.mirror.flat_values[i].index_put_((self.write_slots,), v.reshape(b * t, h_kv, d).to(dtype))
+        # the pool's own write: fp16 K/V under a float32 model are rounded as the pool rounds them
+        write_kv(self.mirror.flat_keys[i], self.mirror.flat_values[i], k, v, self.write_slots)
 
     def layer(self, i: int, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views K, V [span, ctx, H_kv, D] of layer i."""

@@ -36,7 +36,7 @@ from pcgtts.engine.model.captured import resolve_mode
 from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
 from pcgtts.engine.model.loader import few_op_forms, load_llama, resolve_dtype
-from pcgtts.engine.model_runner import ModelRunner
+from pcgtts.engine.model_runner import ModelRunner, attends_by_rows, kv_store_dtype
 from pcgtts.engine.ops import Ops
 from pcgtts.engine.scheduler import Scheduler
 from pcgtts.engine.sequence import Sequence as Seq
@@ -103,11 +103,9 @@ class Engine:
         block_size = config.block_size
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
         compiled = self.decode_graphs != "eager"
-        row_attention = config.compiled_cpu_ops and config.cpu_attention == "rows" and backend.name == "sdpa"
-        # fp16 K/V where every attention over it is the rows' own (which widens as it reads) or a prefill's
-        # SDPA over gathered blocks (widened first); captured graphs and other devices keep the model's dtype
-        self.kv_dtype = (torch.float16 if config.cpu_kv == "fp16" and row_attention
-                         and few_op_forms(self.device, self.dtype, compiled) else self.dtype)
+        row_attention = config.compiled_cpu_ops and config.cpu_attention == "rows"
+        rows = attends_by_rows(row_attention, self.device, backend, self.dtype)
+        self.kv_dtype = kv_store_dtype(config.cpu_kv, rows, self.device, self.dtype, compiled)
         num_blocks = self._num_blocks(draft_config)
         capacity = num_blocks * block_size
         self.max_model_len = min(config.max_model_len or self.target_config.max_position_embeddings,

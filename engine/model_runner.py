@@ -25,6 +25,23 @@ from pcgtts.engine.kv_cache import KVCache
 from pcgtts.engine.kv_mirror import KVMirror
 from pcgtts.engine.model.captured import CapturedForward, make_captured, resolve_mode
 from pcgtts.engine.model.llama import LlamaModel
+from pcgtts.engine.model.loader import few_op_forms
+
+
+def attends_by_rows(requested: bool, device: torch.device, backend: AttentionBackend,
+                    dtype: torch.dtype) -> bool:
+    """Whether a runner's eager forwards attend each row over its own keys (engine/ops/row_attention.py):
+    asked for (the engine's compiled CPU ops), on a CPU, float32, over the gather backend. The one test the
+    engine (for the K/V store's dtype) and each runner (for its forwards) apply."""
+    return requested and device.type == "cpu" and backend.name == "sdpa" and dtype == torch.float32
+
+
+def kv_store_dtype(cpu_kv: str, rows: bool, device: torch.device, dtype: torch.dtype,
+                   compiled: bool) -> torch.dtype:
+    """The K/V pool's (and mirror's) dtype: fp16 when asked (EngineConfig.cpu_kv) and every attention over it
+    widens as it reads, the rows' own attention (`rows`) or a prefill's SDPA over gathered blocks, in eager
+    op-by-op CPU forwards (loader.few_op_forms); captured graphs and other devices keep the model's dtype."""
+    return torch.float16 if cpu_kv == "fp16" and rows and few_op_forms(device, dtype, compiled) else dtype
 
 
 class ModelRunner:
@@ -55,8 +72,7 @@ class ModelRunner:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
         self.plan = PLAIN
-        self.row_attention = (row_attention and self.device.type == "cpu" and backend.name == "sdpa"
-                              and model.dtype == torch.float32)
+        self.row_attention = attends_by_rows(row_attention, self.device, backend, model.dtype)
         self.mirror: KVMirror | None = None
         # prefill chunks bypass the mirror (pool only): it holds decoding rows, each gathered from the pool
         # at its first decode forward
