@@ -79,8 +79,11 @@ class EngineConfig:
     cpu_attention: str = "rows"
     # Weights of eager CPU float32 projections: "fp16" (products of two rows or more multiply from an fp16
     # copy where the checkpoint's values are exactly fp16, as the shipped bundle's are: the same weights at
-    # half the bytes, engine/model/llama.py Projection) or "fp32" (MKL's products over the float32 weights
-    # only). Other checkpoints, devices and dtypes keep their own.
+    # half the bytes, engine/model/llama.py Projection), "fp32" (MKL's products over the float32 weights
+    # only) or "bf16" (fp16's, and products of 16 rows or more in steps outside a batch-invariance plan
+    # multiply bf16 inputs by a bf16 copy of the weights through oneDNN, AMX tiles where the CPU has them:
+    # rounded weights and inputs, a quality-measured trade, bench/results/bf16-weights/; where oneDNN has
+    # no native bf16 it is fp16). Other checkpoints, devices and dtypes keep their own.
     cpu_weights: str = "fp16"
     # K/V store of eager CPU float32 forwards attending by the rows' own attention (cpu_attention "rows"):
     # "fp16" (K and V rounded to fp16 as they are written, the KV cache and mirror at half the bytes; the
@@ -100,7 +103,7 @@ class EngineConfig:
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
 CPU_ATTENTION = ("rows", "sdpa")
-CPU_WEIGHTS = ("fp16", "fp32")
+CPU_WEIGHTS = ("fp16", "fp32", "bf16")
 CPU_KV = ("fp16", "fp32")
 
 

@@ -130,8 +130,11 @@ class Engine:
             self.draft = ModelRunner(load_llama(config.draft, self.device, self.dtype, positions, compiled),
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
         self.half_weight_products = 0  # projections multiplying from an fp16 copy of their weights
-        if config.cpu_weights == "fp16" and few_op_forms(self.device, self.dtype, compiled):
+        self.bf16_weight_products = 0  # projections multiplying from a bf16 copy of their weights (at batch)
+        if config.cpu_weights in ("fp16", "bf16") and few_op_forms(self.device, self.dtype, compiled):
             self.half_weight_products = sum(p.use_half_weights() for p in self._projections())
+        if config.cpu_weights == "bf16" and few_op_forms(self.device, self.dtype, compiled):
+            self.bf16_weight_products = sum(p.use_bf16_weights() for p in self._projections())
         self.invariance = self._invariance_plan()  # PLAIN when forwards are never made batch-invariant
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
@@ -256,7 +259,7 @@ class Engine:
         for p in self._projections():
             rows = decode_rows if any(p is h for h in heads) else max(decode_rows, 1000)
             kinds.setdefault((tuple(p.weight.shape), p.input_major, p.half is not None, rows), p)
-        return [(kind, (p.product, p.in_features, kind[-1])) for kind, p in kinds.items()]
+        return [(kind, (p.weights_product, p.in_features, kind[-1])) for kind, p in kinds.items()]
 
     @property
     def asg_table_paths(self) -> dict[str, Path]:

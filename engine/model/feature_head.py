@@ -82,7 +82,8 @@ class FeatureHead:
     def apply_plan(self, plan: InvariancePlan) -> None:
         """As LlamaModel.apply_plan (engine/batch_invariance.py)."""
         for block in self.blocks:
-            block.gate_up.row_quantum = block.down.row_quantum = plan.row_quantum
+            block.gate_up.apply_plan(plan)
+            block.down.apply_plan(plan)
             block.norm.row_invariant = plan.active
         self.token_norm.row_invariant = plan.active
 

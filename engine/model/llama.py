@@ -71,6 +71,18 @@ def fbgemm_half_available() -> bool:
             and torch.backends.cpu.get_cpu_capability() != "DEFAULT")
 
 
+# Fewest rows a product takes from the bf16 copy of its weights (use_bf16_weights): below, the input's
+# rounding and oneDNN's per-call set-up cost more than the tiles save (bench/results/bf16-weights/)
+BF16_MIN_ROWS = 16
+
+
+def onednn_bf16_native() -> bool:
+    """oneDNN multiplies bf16 natively here: AMX tiles or AVX512-BF16 dot products (else it would emulate
+    bf16 in fp32, slower than the fp32 product)."""
+    return torch.backends.mkldnn.is_available() and (torch.cpu._is_amx_tile_supported()
+                                                     or torch.cpu._is_avx512_bf16_supported())
+
+
 class Projection:
     """y = x Wᵀ + b for a checkpoint matrix W [out, in].
 
@@ -90,6 +102,9 @@ class Projection:
         self.weight = weight.t().contiguous() if self.input_major else weight  # [in, out] or [out, in]
         self.bias = bias
         self.half = None  # fbgemm's packed fp16 copy of W and b (use_half_weights), or None
+        self.bf16 = None  # oneDNN's packed bf16 copy of W (use_bf16_weights), or None
+        self.bf16_min_rows = BF16_MIN_ROWS
+        self.invariant = False  # under a batch-invariance plan: the checkpoint's weights only (no bf16)
         # inputs are padded with zero rows to a multiple of this many (engine/batch_invariance.py: the GEMM
         # kernel then computes every row alike whatever the row count); 1 = never
         self.row_quantum = 1
@@ -105,6 +120,23 @@ class Projection:
         self.half = torch.ops.quantized.linear_prepack_fp16(w.contiguous(), self.bias)
         return True
 
+    def use_bf16_weights(self) -> bool:
+        """Multiply products of `bf16_min_rows` rows or more from a bf16 copy of W through oneDNN (AMX tiles
+        where the CPU has them), inputs rounded to bf16, sums in float32 rounded to bf16 (oneDNN's CPU product
+        returns bf16): not the checkpoint's numbers (W loses 3 mantissa bits, x and y 16), so a setting whose quality is measured, and never under a
+        batch-invariance plan (oneDNN changes its blocking with the row count: a seeded request's
+        products keep the checkpoint's weights). Where oneDNN multiplies bf16 natively; whether it does
+        now."""
+        if not self.input_major or self.weight.dtype != torch.float32 or not onednn_bf16_native():
+            return False
+        w = self.weight.t().contiguous().bfloat16()  # [out, in], what oneDNN's linear packs
+        self.bf16 = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+        return True
+
+    def apply_plan(self, plan: InvariancePlan) -> None:
+        """Rows padded to the plan's quantum; under an active plan the checkpoint's weights only."""
+        self.row_quantum, self.invariant = plan.row_quantum, plan.active
+
     @property
     def in_features(self) -> int:
         return self.weight.shape[0 if self.input_major else 1]
@@ -118,7 +150,15 @@ class Projection:
         return y[:rows].view(*x.shape[:-1], y.shape[-1])
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        """The matrix product alone, rows as given (what batch_invariance.calibrate measures)."""
+        """The matrix product alone, rows as given."""
+        if self.bf16 is not None and not self.invariant and x.shape[0] >= self.bf16_min_rows:
+            y = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.bf16, None, "none", [], "").float()
+            return y if self.bias is None else y.add_(self.bias)
+        return self.weights_product(x)
+
+    def weights_product(self, x: torch.Tensor) -> torch.Tensor:
+        """The product over the checkpoint's own weight values (their fp16 copy or float32), rows as given:
+        what batch-invariant forwards take and batch_invariance.calibrate measures."""
         if self.half is not None and x.shape[0] >= HALF_MIN_ROWS:
             return torch.ops.quantized.linear_dynamic_fp16(x, self.half)
         if not self.input_major:
@@ -157,7 +197,7 @@ class LlamaModel:
         """Pad every projection's rows to the plan's quantum and keep RMSNorm in one form
         (engine/batch_invariance.py)."""
         for proj in self.projections():
-            proj.row_quantum = plan.row_quantum
+            proj.apply_plan(plan)
         for w in self.layers:
             w.input_norm.row_invariant = w.post_norm.row_invariant = plan.active
         self.final_norm.row_invariant = plan.active

@@ -166,6 +166,69 @@ def test_half_weights_only_where_exact_and_products_agree_with_fp32():
     assert not Projection(weight.half()).use_half_weights()
 
 
+@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).onednn_bf16_native(),
+                    reason="oneDNN multiplies bf16 natively only with AMX or AVX512-BF16")
+def test_bf16_products_at_batch_round_inputs_and_weights_and_never_under_a_plan():
+    """A bf16 copy of W serves products of BF16_MIN_ROWS rows or more: each is the float32 product of the
+    bf16-rounded inputs and weights, rounded to bf16, and differs from the float32 product by those
+    roundings; fewer rows, and every product under an active batch-invariance plan, are the checkpoint
+    weights' product bit for bit. A tied head (W as given) and fp16 compute make no copy."""
+    from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
+    from pcgtts.engine.model.llama import BF16_MIN_ROWS, Projection
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64).half().float(), torch.randn(96)
+    proj = Projection(weight, bias)
+    assert proj.use_bf16_weights() and proj.bf16 is not None
+    for rows in [1, BF16_MIN_ROWS - 1, BF16_MIN_ROWS, 64, 300]:
+        x = torch.randn(rows, 64)
+        if rows < BF16_MIN_ROWS:
+            assert torch.equal(proj(x), proj.weights_product(x))
+            continue
+        # oneDNN's bf16 product returns bf16: the float32 sum, rounded to bf16 (within one bf16 step of
+        # the float32 sum taken in another order), then the bias in float32
+        rounded = torch.nn.functional.linear(x.bfloat16().float(), weight.bfloat16().float())
+        torch.testing.assert_close(proj(x) - bias, rounded, rtol=2 ** -7, atol=1e-5)
+        exact = torch.nn.functional.linear(x, weight, bias)
+        assert (proj(x) - exact).abs().max() > 1e-3  # the rounding is there: this is not the fp32 product
+        proj.apply_plan(InvariancePlan(row_quantum=4, key_tile=512))
+        assert torch.equal(proj(x), proj.weights_product(x))
+        proj.apply_plan(PLAIN)
+    assert not Projection(weight, copy=False).use_bf16_weights()
+    assert not Projection(weight.half()).use_bf16_weights()
+
+
+@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).onednn_bf16_native(),
+                    reason="oneDNN multiplies bf16 natively only with AMX or AVX512-BF16")
+def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
+    """cpu_weights="bf16": every projection gets a bf16 copy, and steps with seeded requests (a
+    batch-invariance plan) give the tokens the fp16 engine gives, at a batch whose verify forwards have
+    the rows (6 x (γ+1) = 24) that would take the bf16 products outside a plan; unseeded, the same batch
+    decodes through them (its logits move by bf16's rounding)."""
+    from engine_support import engine_config, save_draft_from
+    from pcgtts.engine import Engine, SamplingParams
+    from pcgtts.engine.batch_invariance import PLAIN
+    from pcgtts.engine.model.llama import BF16_MIN_ROWS
+
+    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
+    draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
+    prompts = [[3 + i, 4, 5 + i] for i in range(6)]
+    seeded = [SamplingParams(temperature=1.0, max_tokens=30, seed=50 + i) for i in range(6)]
+
+    def engine(weights):
+        return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
+
+    bf16, fp16 = engine("bf16"), engine("fp16")
+    assert bf16.bf16_weight_products == len(bf16._projections()) and fp16.bf16_weight_products == 0
+    assert bf16.invariance.active and 6 * 4 >= BF16_MIN_ROWS
+    assert [g.token_ids for g in bf16.generate(prompts, seeded)] == \
+        [g.token_ids for g in fp16.generate(prompts, seeded)]
+    qkv = bf16.target.model.layers[0].qkv
+    qkv.apply_plan(PLAIN)  # an unseeded step's shape
+    x = torch.randn(6 * 4, qkv.in_features)
+    assert not torch.equal(qkv(x), qkv.weights_product(x))
+
+
 def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_path):
     """An fp16 target: with cpu_weights="fp16" (the default) every projection of it multiplies from its fp16
     copy where fbgemm runs, the float32 draft's noisy layers keep MKL's (the batch-invariance plan then
@@ -194,7 +257,7 @@ def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_pa
     float32 = save_tiny_llama(tmp_path / "float32", vocab=256, layers=2, seed=3)
     assert Engine(engine_config(float32)).half_weight_products == 0
     with pytest.raises(ValueError, match="cpu_weights"):
-        Engine(engine_config(target, cpu_weights="bf16"))
+        Engine(engine_config(target, cpu_weights="int8"))
 
 
 def test_layer_norm_form_of_rms_norm_agrees_with_the_reference_formula():
