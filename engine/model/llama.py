@@ -122,11 +122,11 @@ class Projection:
 
     def use_bf16_weights(self) -> bool:
         """Multiply products of `bf16_min_rows` rows or more from a bf16 copy of W through oneDNN (AMX tiles
-        where the CPU has them), inputs rounded to bf16, sums in float32 rounded to bf16 (oneDNN's CPU product
-        returns bf16): not the checkpoint's numbers (W loses 3 mantissa bits, x and y 16), so a setting whose quality is measured, and never under a
-        batch-invariance plan (oneDNN changes its blocking with the row count: a seeded request's
-        products keep the checkpoint's weights). Where oneDNN multiplies bf16 natively; whether it does
-        now."""
+        where the CPU has them): inputs rounded to bf16, sums in float32, the product rounded to bf16
+        (oneDNN's CPU product returns bf16). Not the checkpoint's numbers (W loses 3 mantissa bits, x and
+        y 16), so a setting whose quality is measured, and never under a batch-invariance plan (oneDNN
+        changes its blocking with the row count: a seeded request's products keep the checkpoint's
+        weights). Where oneDNN multiplies bf16 natively; whether it does now."""
         if not self.input_major or self.weight.dtype != torch.float32 or not onednn_bf16_native():
             return False
         w = self.weight.t().contiguous().bfloat16()  # [out, in], what oneDNN's linear packs
