@@ -161,7 +161,8 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
     `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
     EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
     is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa;
-    cpu_weights, cpu_kv: fp16 | fp32 (None for these: EngineConfig's); draft_branches: k of a token tree."""
+    cpu_weights: fp16 | fp32 | bf16, cpu_kv: fp16 | fp32 (None for these: EngineConfig's); draft_branches:
+    k of a token tree."""
     from pcgtts.engine import Engine, EngineConfig
     from pcgtts.engine.acceptance import uses_asg_table
 

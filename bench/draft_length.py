@@ -23,6 +23,7 @@ import torch
 from pcgtts.bench.common import batched, bundle_engine, machine, ratio, speech_requests, write_json
 from pcgtts.bench.step_speed import run_once
 from pcgtts.engine import Engine
+from pcgtts.engine.config import CPU_WEIGHTS, DETERMINISTIC_MODES
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 
@@ -38,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--utterances", type=int, default=0, help="default: the largest batch size")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (gpu_check.sh runs it there)")
+    parser.add_argument("--cpu-weights", default=None, choices=CPU_WEIGHTS,
+                        help="EngineConfig.cpu_weights of every engine (default: its default)")
+    parser.add_argument("--deterministic", default=None, choices=DETERMINISTIC_MODES,
+                        help="EngineConfig.deterministic of every engine (default: its default; the requests "
+                             "are seeded, so off is what unseeded requests get)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/draft-length"))
 
 
@@ -71,7 +77,8 @@ def run(args) -> dict:
     engines = {}
     for rule, gamma, theta, branches in configs:
         engine = bundle_engine(bundle, rule, num_speculative_tokens=gamma or 1, draft_confidence=theta,
-                               draft_branches=branches, device=args.device)
+                               draft_branches=branches, device=args.device, cpu_weights=args.cpu_weights,
+                               deterministic=args.deterministic)
         engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
         engines[(rule, gamma, theta, branches)] = engine
     runs: dict[tuple, list[dict]] = {}

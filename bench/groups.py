@@ -20,7 +20,10 @@ the mean distance between centroids), built in a temporary directory from the bu
         [--decode-tables emb:0.55 mel:0.4] [--num-speculative-tokens 3 5] [--out bench/results]
 
 Each decode table is decoded at every γ of `--num-speculative-tokens` (rows "pcg TABLE", and "pcg TABLE
-γ=G" for a γ other than 3).
+γ=G" for a γ other than 3). `--cpu-kv A B` / `--cpu-weights A B`: the engine settings to decode with, the
+first of each the baseline's; every other one adds its own target-only and PCG rows ("... kv:B",
+"... weights:B"), scored against the baseline. `--deterministic off` runs every engine without
+batch-invariance plans (bf16 products apply only outside a plan, and these requests are seeded).
 
 Writes OUT/groups.json. Needs the `eval` extra and recipes/demo/requirements-eval.txt.
 """
@@ -40,7 +43,7 @@ from pcgtts.asg_tables import build_asg
 from pcgtts.asg_tables.embeddings import read_embedding_rows
 from pcgtts.bench.common import DecodeTally, machine, shown_path, write_json
 from pcgtts.engine import Engine, EngineConfig, SamplingParams
-from pcgtts.engine.config import CPU_KV
+from pcgtts.engine.config import CPU_KV, CPU_WEIGHTS, DETERMINISTIC_MODES
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 NUM_SPECULATIVE_TOKENS = 3
@@ -149,13 +152,21 @@ def add_intervals(report: dict) -> dict:
 
 def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables: list[str],
         temperature: float, max_tokens: int, decode_tables: list[str], swap_seeds: list[int],
-        gammas: tuple[int, ...] = (NUM_SPECULATIVE_TOKENS,), kv_stores: tuple[str, ...] = ()) -> dict:
-    """kv_stores: EngineConfig.cpu_kv settings to decode with, the first the baseline's (target-only); each
-    other adds a target-only row and PCG rows labelled "kv:SETTING", scored against that baseline.
-    Default: EngineConfig's alone."""
+        gammas: tuple[int, ...] = (NUM_SPECULATIVE_TOKENS,), kv_stores: tuple[str, ...] = (),
+        weights: tuple[str, ...] = (), deterministic: str = EngineConfig.deterministic) -> dict:
+    """kv_stores, weights: EngineConfig.cpu_kv and cpu_weights settings to decode with, the first of each
+    the baseline's (target-only); each other adds a target-only row and PCG rows labelled "kv:SETTING" or
+    "weights:SETTING", scored against that baseline. Default: EngineConfig's alone. deterministic: every
+    engine's EngineConfig.deterministic ("off": no step takes a batch-invariance plan, so settings that
+    apply only outside one, such as bf16 products, decode these seeded requests too)."""
     from pcgtts.recipes.demo.eval_codec import eval_sentences
 
     kv_stores = kv_stores or (EngineConfig.cpu_kv,)
+    weights = weights or (EngineConfig.cpu_weights,)
+    # (label suffix, engine settings): the baseline, then one setting changed at a time
+    variants = [("", {"cpu_kv": kv_stores[0], "cpu_weights": weights[0], "deterministic": deterministic})]
+    variants += [(f" kv:{kv}", variants[0][1] | {"cpu_kv": kv}) for kv in kv_stores[1:]]
+    variants += [(f" weights:{w}", variants[0][1] | {"cpu_weights": w}) for w in weights[1:]]
 
     torch.set_num_threads(1)
     bundle = ModelBundle.from_dir(model_dir)
@@ -179,11 +190,11 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
     report: dict = {"model": shown_path(model_dir), "num_speculative_tokens": list(gammas),
                     "temperature": temperature,
                     "sentences": sentences, "seeds": seeds, "swap_seeds": swap_seeds,
-                    "baseline_cpu_kv": kv_stores[0], "machine": machine(), "tables": {}, "decoding": {}}
+                    "baseline": variants[0][1], "machine": machine(), "tables": {}, "decoding": {}}
     if out.exists():  # resume: rows already measured with the same settings are kept
         old = json.loads(out.read_text())
-        if all(old.get(k, report[k] if k == "baseline_cpu_kv" else None) == report[k]
-               for k in ("model", "temperature", "sentences", "seeds", "swap_seeds", "baseline_cpu_kv")):
+        if all(old.get(k) == report[k]
+               for k in ("model", "temperature", "sentences", "seeds", "swap_seeds", "baseline")):
             report["tables"], report["decoding"] = old["tables"], old["decoding"]
 
     def save() -> None:
@@ -198,23 +209,20 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
                       "acceptance_rate": tally.acceptance_rate,
                       "tokens_per_verify_step": tally.tokens_per_verify_step}
 
-    def kv_label(kv: str) -> str:
-        return "" if kv == kv_stores[0] else f" kv:{kv}"
-
     def deltas(row: dict) -> dict:
         ref = subset(report["decoding"]["target-only"], row["rows"])
         return {"delta_wer": row["wer"] - ref["wer"],
                 "delta_similarity": row["speaker_similarity"] - ref["speaker_similarity"]}
 
-    for kv in kv_stores:  # the baseline first, then target-only over each other K/V store
+    for suffix, settings in variants:  # the baseline first, then target-only under each other setting
         gens, stats = timed(Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0,
-                                                cpu_kv=kv)), {})
-        if kv == kv_stores[0]:
+                                                **settings)), {})
+        if not suffix:
             baseline = [g.token_ids for g in gens]
-        label = "target-only" + kv_label(kv)
+        label = "target-only" + suffix
         if label not in report["decoding"]:
             row = stats | scorer([g.token_ids for g in gens])
-            report["decoding"][label] = row if kv == kv_stores[0] else row | deltas(row)
+            report["decoding"][label] = row if not suffix else row | deltas(row)
             save()
     base = report["decoding"]["target-only"]
     print(f"[groups] target-only WER {base['wer']:.3f} sim {base['speaker_similarity']:.3f}", flush=True)
@@ -241,11 +249,11 @@ def run(model_dir: Path, out_dir: Path, sentences: int, seeds: list[int], tables
             save()
             print(f"[groups] swap {spec}: |G| {row['mean_seed_group']:.1f} "
                   f"swapped {row['swapped_share']:.2f} {deltas(row)}", flush=True)
-        for gamma, kv in itertools.product(gammas if decode_tables else (), kv_stores):
+        for gamma, (variant, settings) in itertools.product(gammas if decode_tables else (), variants):
             engine = Engine(EngineConfig(target=bundle.target_dir, draft=bundle.draft_dir, acceptance="exact",
                                          num_speculative_tokens=gamma, asg_table=paths[decode_tables[0]],
-                                         extra_asg_tables={s: paths[s] for s in decode_tables}, cpu_kv=kv))
-            suffix = ("" if gamma == NUM_SPECULATIVE_TOKENS else f" γ={gamma}") + kv_label(kv)
+                                         extra_asg_tables={s: paths[s] for s in decode_tables}, **settings))
+            suffix = ("" if gamma == NUM_SPECULATIVE_TOKENS else f" γ={gamma}") + variant
             runs = [(f"pcg {s}{suffix}", {"acceptance": "pcg", "asg_table": s}) for s in decode_tables]
             for label, kw in runs:
                 if label in report["decoding"]:
@@ -282,12 +290,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-kv", nargs="+", default=[EngineConfig.cpu_kv], choices=CPU_KV,
                         help="K/V stores to decode with (EngineConfig.cpu_kv), the first the target-only "
                              "baseline's; each other adds rows labelled kv:SETTING")
+    parser.add_argument("--cpu-weights", nargs="+", default=[EngineConfig.cpu_weights], choices=CPU_WEIGHTS,
+                        help="products' weights to decode with (EngineConfig.cpu_weights), the first the "
+                             "baseline's; each other adds rows labelled weights:SETTING")
+    parser.add_argument("--deterministic", default=EngineConfig.deterministic, choices=DETERMINISTIC_MODES,
+                        help="every engine's batch invariance (off: bf16 products reach seeded requests too)")
 
 
 def main(args: argparse.Namespace) -> int:
     report = run(args.model, args.out, args.sentences, args.seeds, args.tables, args.temperature,
                  args.max_tokens, args.decode_tables, args.swap_seeds, tuple(args.num_speculative_tokens),
-                 tuple(args.cpu_kv))
+                 tuple(args.cpu_kv), tuple(args.cpu_weights), args.deterministic)
     for label, row in report["decoding"].items():
         print(f"{label:>16}: tok/verify {row['tokens_per_verify_step']:.2f} "
               f"WER {row['wer']:.3f} sim {row['speaker_similarity']:.3f}")
