@@ -80,7 +80,7 @@ class EngineConfig:
     # Weights of eager CPU float32 projections: "fp16" (products of two rows or more multiply from an fp16
     # copy where the checkpoint's values are exactly fp16, as the shipped bundle's are: the same weights at
     # half the bytes, engine/model/llama.py Projection), "fp32" (MKL's products over the float32 weights
-    # only) or "bf16" (fp16's, and products of 16 rows or more in steps outside a batch-invariance plan
+    # only) or "bf16" (fp16's, and products but the LM heads' of 16 rows or more in steps outside a plan
     # multiply bf16 inputs by a bf16 copy of the weights through oneDNN, AMX tiles where the CPU has them:
     # rounded weights and inputs, a quality-measured trade, bench/results/bf16-weights/; where oneDNN has
     # no native bf16 it is fp16). Other checkpoints, devices and dtypes keep their own.

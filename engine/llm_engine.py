@@ -134,7 +134,11 @@ class Engine:
         if config.cpu_weights in ("fp16", "bf16") and few_op_forms(self.device, self.dtype, compiled):
             self.half_weight_products = sum(p.use_half_weights() for p in self._projections())
         if config.cpu_weights == "bf16" and few_op_forms(self.device, self.dtype, compiled):
-            self.bf16_weight_products = sum(p.use_bf16_weights() for p in self._projections())
+            # not the LM heads: bf16 rounds each logit to 8 bits (a step of 1/16 at 16), which would move
+            # the sampling distribution itself; the heads keep their fp16 copies
+            heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
+            self.bf16_weight_products = sum(p.use_bf16_weights() for p in self._projections()
+                                            if not any(p is h for h in heads))
         self.invariance = self._invariance_plan()  # PLAIN when forwards are never made batch-invariant
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft

@@ -201,7 +201,8 @@ def test_bf16_products_at_batch_round_inputs_and_weights_and_never_under_a_plan(
 @pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).onednn_bf16_native(),
                     reason="oneDNN multiplies bf16 natively only with AMX or AVX512-BF16")
 def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
-    """cpu_weights="bf16": every projection gets a bf16 copy, and steps with seeded requests (a
+    """cpu_weights="bf16": every projection but the LM heads (logits keep float32 sums) gets a bf16 copy,
+    and steps with seeded requests (a
     batch-invariance plan) give the tokens the fp16 engine gives, at a batch whose verify forwards have
     the rows (6 x (γ+1) = 24) that would take the bf16 products outside a plan; unseeded, the same batch
     decodes through them (its logits move by bf16's rounding)."""
@@ -219,7 +220,9 @@ def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
         return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
 
     bf16, fp16 = engine("bf16"), engine("fp16")
-    assert bf16.bf16_weight_products == len(bf16._projections()) and fp16.bf16_weight_products == 0
+    heads = [bf16.target.model.lm_head, bf16.draft.model.lm_head]
+    assert all(p.bf16 is None for p in heads) and fp16.bf16_weight_products == 0
+    assert bf16.bf16_weight_products == len(bf16._projections()) - len(heads) > 0
     assert bf16.invariance.active and 6 * 4 >= BF16_MIN_ROWS
     assert [g.token_ids for g in bf16.generate(prompts, seeded)] == \
         [g.token_ids for g in fp16.generate(prompts, seeded)]
