@@ -83,8 +83,9 @@ class EngineConfig:
     # only) or "bf16" (fp16's, and products but the LM heads' of 16 rows or more in steps outside a plan
     # multiply bf16 inputs by a bf16 copy of the weights through oneDNN, AMX tiles where the CPU has them:
     # rounded weights and inputs, a quality-measured trade, bench/results/bf16-weights/; where oneDNN has
-    # no native bf16 it is fp16). Other checkpoints, devices and dtypes keep their own.
-    cpu_weights: str = "fp16"
+    # no native bf16 it is fp16). "auto": bf16 where the CPU has AMX tiles (where it was measured), else
+    # fp16. Other checkpoints, devices and dtypes keep their own.
+    cpu_weights: str = "auto"
     # K/V store of eager CPU float32 forwards attending by the rows' own attention (cpu_attention "rows"):
     # "fp16" (K and V rounded to fp16 as they are written, the KV cache and mirror at half the bytes; the
     # row-attention kernel widens them as it reads, and attention is bound by reading them) or "fp32".
@@ -103,7 +104,7 @@ class EngineConfig:
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
 CPU_ATTENTION = ("rows", "sdpa")
-CPU_WEIGHTS = ("fp16", "fp32", "bf16")
+CPU_WEIGHTS = ("auto", "fp16", "fp32", "bf16")
 CPU_KV = ("fp16", "fp32")
 
 

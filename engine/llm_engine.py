@@ -35,6 +35,7 @@ from pcgtts.engine.metrics import Counters, EngineMetrics
 from pcgtts.engine.model.captured import resolve_mode
 from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
+from pcgtts.engine.model.llama import resolve_cpu_weights
 from pcgtts.engine.model.loader import few_op_forms, load_llama, resolve_dtype
 from pcgtts.engine.model_runner import ModelRunner, attends_by_rows, kv_store_dtype
 from pcgtts.engine.ops import Ops
@@ -131,9 +132,10 @@ class Engine:
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
         self.half_weight_products = 0  # projections multiplying from an fp16 copy of their weights
         self.bf16_weight_products = 0  # projections multiplying from a bf16 copy of their weights (at batch)
-        if config.cpu_weights in ("fp16", "bf16") and few_op_forms(self.device, self.dtype, compiled):
+        self.cpu_weights = resolve_cpu_weights(config.cpu_weights)
+        if self.cpu_weights in ("fp16", "bf16") and few_op_forms(self.device, self.dtype, compiled):
             self.half_weight_products = sum(p.use_half_weights() for p in self._projections())
-        if config.cpu_weights == "bf16" and few_op_forms(self.device, self.dtype, compiled):
+        if self.cpu_weights == "bf16" and few_op_forms(self.device, self.dtype, compiled):
             # not the LM heads: bf16 rounds each logit to 8 bits (a step of 1/16 at 16), which would move
             # the sampling distribution itself; the heads keep their fp16 copies
             heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])

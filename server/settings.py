@@ -70,7 +70,8 @@ class ServerSettings:
                               "prefills) | always | off")
     cpu_attention: str = _opt(TTSConfig.cpu_attention, "eager CPU float32 attention: rows (each sequence "
                               "over its own keys, read in place) | sdpa (torch's kernel, padded context)")
-    cpu_weights: str = _opt(TTSConfig.cpu_weights, "eager CPU float32 projections: fp16 (multiply from an "
+    cpu_weights: str = _opt(TTSConfig.cpu_weights, "eager CPU float32 projections: auto (bf16 with AMX, "
+                            "else fp16) | fp16 (multiply from an "
                             "fp16 copy where the checkpoint's weights are exactly fp16) | fp32 | bf16 (fp16, "
                             "and bf16 products at 16 rows or more in unseeded steps, oneDNN/AMX)")
     cpu_kv: str = _opt(TTSConfig.cpu_kv, "eager CPU float32 K/V store under the rows' attention: fp16 (K/V "

@@ -83,6 +83,15 @@ def onednn_bf16_native() -> bool:
                                                      or torch.cpu._is_avx512_bf16_supported())
 
 
+def resolve_cpu_weights(setting: str) -> str:
+    """EngineConfig.cpu_weights as the engine applies it: "auto" is bf16 where oneDNN multiplies on AMX tiles
+    (the CPU bf16 was measured on: faster at batch, quality within the noise, bench/results/bf16-weights/),
+    else fp16 (AVX512-BF16 without AMX is unmeasured: `bf16` opts in)."""
+    if setting != "auto":
+        return setting
+    return "bf16" if torch.backends.mkldnn.is_available() and torch.cpu._is_amx_tile_supported() else "fp16"
+
+
 class Projection:
     """y = x Wᵀ + b for a checkpoint matrix W [out, in].
 

@@ -220,6 +220,8 @@ def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
         return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
 
     bf16, fp16 = engine("bf16"), engine("fp16")
+    # the default, "auto", takes them where oneDNN has AMX tiles (the CPU they were measured on)
+    assert (engine("auto").bf16_weight_products > 0) == torch.cpu._is_amx_tile_supported()
     heads = [bf16.target.model.lm_head, bf16.draft.model.lm_head]
     assert all(p.bf16 is None for p in heads) and fp16.bf16_weight_products == 0
     assert bf16.bf16_weight_products == len(bf16._projections()) - len(heads) > 0
@@ -233,7 +235,7 @@ def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
 
 
 def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_path):
-    """An fp16 target: with cpu_weights="fp16" (the default) every projection of it multiplies from its fp16
+    """An fp16 target: with cpu_weights="fp16" every projection of it multiplies from its fp16
     copy where fbgemm runs, the float32 draft's noisy layers keep MKL's (the batch-invariance plan then
     pads rows for both kernels), and the engine generates the greedy tokens the fp32 products give; a
     float32 checkpoint makes no copies; an unknown setting fails at start."""
@@ -249,7 +251,7 @@ def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_pa
         engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, **kw))
         return engine, [g.token_ids for g in engine.generate(prompts, params)]
 
-    half, tokens = run()
+    half, tokens = run(cpu_weights="fp16")
     fp32, reference = run(cpu_weights="fp32")
     assert fp32.half_weight_products == 0
     if fbgemm_half_available():
