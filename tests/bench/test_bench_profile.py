@@ -54,8 +54,8 @@ def test_bench_step_runs_each_attention_and_weights_it_is_given(tmp_path):
     label; an unknown setting is refused; the shipped bundle's fp16 weights get their copies unless fp32."""
     bundle = build_tiny_bundle(tmp_path / "bundle")
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match="unknown setting 'bf16'"):
-        pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager/bf16", "--out", str(out)])
+    with pytest.raises(SystemExit, match="unknown setting 'int8'"):
+        pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager/int8", "--out", str(out)])
     assert pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager", "eager+off/sdpa/fp32",
                         "--rules", "target-only", "--batch-sizes", "2", "--repeats", "1",
                         "--max-tokens", "12", "--utterances", "2", "--out", str(out)]) == 0
