@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from pcgtts.engine.batch_invariance import attend, causal_mask, pad_rows
+from pcgtts.engine.kv_cache import write_kv
 from pcgtts.engine.ops.row_attention import ROW_ATTENTION
 
 if TYPE_CHECKING:
@@ -135,15 +136,6 @@ def pad_query_rows(mask: torch.Tensor, quantum: int) -> torch.Tensor:
         torch.full_like(mask[:, :, :1], float("-inf"))
     pad[..., 0] = True if mask.dtype == torch.bool else 0.0
     return torch.cat([mask, pad.expand(-1, -1, short, -1)], dim=2)
-
-
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """New k/v [B, T, H_kv, D] into their slots (caches [S, H_kv, D]). `index_put_` rather than
-    `index_copy_`: inductor turns it into an in-place scatter instead of copying the whole cache."""
-    b, t, h_kv, d = k.shape
-    k_cache.index_put_((slot_mapping,), k.reshape(b * t, h_kv, d).to(k_cache.dtype))
-    v_cache.index_put_((slot_mapping,), v.reshape(b * t, h_kv, d).to(v_cache.dtype))
 
 
 def gather_blocks(cache: torch.Tensor, meta: PagedBatch) -> torch.Tensor:

@@ -94,9 +94,10 @@ class EngineConfig:
     seed: int = 0  # seeds the generator shared by requests without their own seed
     # Batch-invariant forwards (engine/batch_invariance.py): every row's arithmetic the same bits whatever
     # shares its forward, so a seeded request gives the same tokens alone or beside any others. "seeded":
-    # every prefill, and every decoding step that holds a seeded request (the padding they need costs
-    # those steps time, measured in bench/results/determinism/); "always": every forward; "off": none (a
-    # seed then fixes the tokens only among the same batch mates). The padding is measured on this
+    # every prefill, and every decoding step that holds a seeded or greedy request
+    # (SamplingParams.reproducible; the padding they need costs those steps time, measured in
+    # bench/results/determinism/); "always": every forward; "off": none (a seed then fixes the tokens
+    # only among the same batch mates). The padding is measured on this
     # machine at start-up; where none works (captured decode graphs, some devices) "seeded" falls back to
     # off with a warning and "always" refuses to start.
     deterministic: str = "seeded"
@@ -188,3 +189,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def reproducible(self) -> bool:
+        """The tokens are a function of the request alone: seeded, or greedy (no randomness at all). Such a
+        request's steps take batch-invariant forwards (EngineConfig.deterministic "seeded"), so what shares
+        its batch, and whether a step speculates, cannot move a token."""
+        return self.seed is not None or self.greedy

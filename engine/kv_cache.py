@@ -39,3 +39,12 @@ class KVCache:
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """New k/v [B, T, H_kv, D] into their slots (caches [S, H_kv, D]). `index_put_` rather than
+    `index_copy_`: inductor turns it into an in-place scatter instead of copying the whole cache."""
+    b, t, h_kv, d = k.shape
+    k_cache.index_put_((slot_mapping,), k.reshape(b * t, h_kv, d).to(k_cache.dtype))
+    v_cache.index_put_((slot_mapping,), v.reshape(b * t, h_kv, d).to(v_cache.dtype))

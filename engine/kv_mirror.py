@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from pcgtts.engine.attention import write_kv
 from pcgtts.engine.block_manager import SeqBlocks
+from pcgtts.engine.kv_cache import write_kv
 
 
 @dataclass

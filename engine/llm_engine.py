@@ -409,11 +409,12 @@ class Engine:
     def _decode_groups(self, seqs: list[Seq], speculate: bool) -> list[tuple[list[Seq], bool]]:
         """(sequences, speculate) forwards of this step. The policy decides for the batch; seeded requests
         speculate on every step whatever it decides, so a seed still fixes a request's tokens (run to
-        run, whatever shares the batch); when the policy says target-only they take a forward of their own."""
-        seeded = [s for s in seqs if s.params.seed is not None]
+        run, whatever shares the batch; so do greedy ones, SamplingParams.reproducible); when the policy says
+        target-only they take a forward of their own."""
+        seeded = [s for s in seqs if s.params.reproducible]
         if speculate or not seeded or not self.num_speculative_tokens:
             return [(seqs, speculate)]
-        plain = [s for s in seqs if s.params.seed is None]
+        plain = [s for s in seqs if not s.params.reproducible]
         return [(seeded, True)] + ([(plain, False)] if plain else [])
 
     def _fail(self, seq: Seq, exc: BaseException) -> RequestOutput:

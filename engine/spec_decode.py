@@ -85,7 +85,7 @@ class SpeculativeDecoder:
         """The plan of a decoding step over `seqs` (None: a prefill, whose K/V later steps and other
         requests, through the prefix cache, may read)."""
         if self.invariant_steps == "always" or (self.invariant_steps == "seeded" and (
-                seqs is None or any(s.params.seed is not None for s in seqs))):
+                seqs is None or any(s.params.reproducible for s in seqs))):
             return self.plan
         return PLAIN
 
