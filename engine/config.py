@@ -91,7 +91,7 @@ class EngineConfig:
     # row-attention kernel widens them as it reads, and attention is bound by reading them) or "fp32".
     # Other devices, dtypes, attentions and captured graphs keep the model's dtype.
     cpu_kv: str = "fp16"
-    seed: int = 0  # seeds the generator shared by requests without their own seed
+    seed: int = 0  # seeds the generator shared by sampled requests without a seed, and each greedy one's
     # Batch-invariant forwards (engine/batch_invariance.py): every row's arithmetic the same bits whatever
     # shares its forward, so a seeded request gives the same tokens alone or beside any others. "seeded":
     # every prefill, and every decoding step that holds a seeded or greedy request
@@ -192,7 +192,8 @@ class SamplingParams:
 
     @property
     def reproducible(self) -> bool:
-        """The tokens are a function of the request alone: seeded, or greedy (no randomness at all). Such a
-        request's steps take batch-invariant forwards (EngineConfig.deterministic "seeded"), so what shares
-        its batch, and whether a step speculates, cannot move a token."""
+        """The tokens are a function of the request alone: seeded, or greedy. Such a request has a generator
+        of its own (a greedy one seeded with EngineConfig.seed: PCG still draws a draft token's group label
+        where groups overlap), speculates on every step and takes batch-invariant forwards (EngineConfig.
+        deterministic "seeded"), so neither what shares its batch nor the speculation policy moves a token."""
         return self.seed is not None or self.greedy

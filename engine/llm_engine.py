@@ -290,8 +290,9 @@ class Engine:
         # the rule that verifies this request's drafts, built now: a misconfigured one fails this request only
         rule = self.rules.get(params.acceptance, params.asg_table) if self.num_speculative_tokens else None
         generator = None
-        if params.seed is not None:
-            generator = torch.Generator(self.device).manual_seed(params.seed)
+        if params.reproducible:  # greedy still draws: PCG draws a draft token's group label
+            seed = params.seed if params.seed is not None else self.config.seed
+            generator = torch.Generator(self.device).manual_seed(seed)
         seq = Seq(request_id=request_id, prompt_len=len(prompt_ids), token_ids=prompt_ids,
                        params=params, generator=generator, arrival=next(self._arrivals), rule=rule)
         self.scheduler.add(seq, continuing)

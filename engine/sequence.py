@@ -23,7 +23,7 @@ class Sequence:
     prompt_len: int
     token_ids: list[int]  # prompt followed by generated tokens
     params: SamplingParams
-    generator: torch.Generator | None  # own generator when params.seed is set, else the engine's shared one
+    generator: torch.Generator | None  # own one when params.reproducible, else None (the engine's shared one)
     arrival: int  # FCFS order
     status: Status = Status.WAITING
     target: SeqBlocks = field(default_factory=SeqBlocks)

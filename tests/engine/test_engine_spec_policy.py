@@ -75,11 +75,14 @@ def pair(tmp_path_factory):
 
 def test_switching_modes_between_steps_keeps_greedy_exact_output_equal_to_target_only(pair):
     prompts = [[3, 1, 4, 1, 5, 9, 2, 6][: 2 + i % 6] + [i] for i in range(10)]
-    params = SamplingParams(temperature=0, max_tokens=30)
-    plain = Engine(engine_config(pair[0], block_size=4))
+    # top_k = 1: argmax decoding that is not `greedy` (a greedy or seeded request speculates on every step,
+    # SamplingParams.reproducible), so the policy's plain steps reach it; fp32 products compute a row alike
+    # in a plain step and a verify step (bf16 ones, at 16 rows, would not)
+    params = SamplingParams(temperature=1.0, top_k=1, max_tokens=30)
+    plain = Engine(engine_config(pair[0], block_size=4, cpu_weights="fp32"))
     reference = [g.token_ids for g in plain.generate(prompts, params)]
     auto = Engine(engine_config(pair[0], draft=pair[1], num_speculative_tokens=3, acceptance="exact",
-                                block_size=4, speculation="auto", max_num_seqs=4))
+                                block_size=4, speculation="auto", max_num_seqs=4, cpu_weights="fp32"))
     auto.policy.retry_every = 2  # switch modes often, so the draft keeps catching up after plain steps
     assert [g.token_ids for g in auto.generate(prompts, params)] == reference
     m = auto.metrics()

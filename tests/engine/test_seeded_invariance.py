@@ -41,11 +41,13 @@ class Recorded(MarkerMergeConstraint):
         return super().apply_rows(constraints, logits, histories, ops)
 
 
-def probe_request() -> tuple[list[int], SamplingParams]:
+def probe_request(greedy: bool = False) -> tuple[list[int], SamplingParams]:
+    """The request under test: seeded sampling, or greedy with no seed (held to the same promise)."""
     prompt = FAMILY.build_prompt(PROBE_TEXT, FAMILY.voices["aria"])
     constraint = copy.copy(prompt.constraint)
     constraint.__class__, constraint.seen = Recorded, []
-    return prompt.token_ids, SamplingParams(temperature=0.8, max_tokens=600, seed=33, constraint=constraint,
+    sampling = dict(temperature=0.0) if greedy else dict(temperature=0.8, seed=33)
+    return prompt.token_ids, SamplingParams(**sampling, max_tokens=600, constraint=constraint,
                                            stop_token_ids=prompt.stop_token_ids)
 
 
@@ -83,14 +85,15 @@ def make_engine(kind: str, deterministic: str = "seeded") -> Engine:
         max_num_seqs=8, kv_budget_tokens=700, max_num_batched_tokens=160))
 
 
-def run_alone(engine: Engine) -> tuple[list[int], list[torch.Tensor]]:
-    prompt, params = probe_request()
+def run_alone(engine: Engine, greedy: bool = False) -> tuple[list[int], list[torch.Tensor]]:
+    prompt, params = probe_request(greedy)
     return engine.generate([prompt], params)[0].token_ids, params.constraint.seen
 
 
-def run_in_crowd(engine: Engine, probe_joins: int) -> tuple[list[int], list[torch.Tensor], int]:
+def run_in_crowd(engine: Engine, probe_joins: int,
+                 greedy: bool = False) -> tuple[list[int], list[torch.Tensor], int]:
     """(the probe's tokens, its logits rows, how often it was preempted)."""
-    prompt, params = probe_request()
+    prompt, params = probe_request(greedy)
     others = crowd(engine.num_speculative_tokens > 0)
     ids: dict[int, str] = {}
     probe, tokens, step, preempted = None, [], 0, 0
@@ -126,6 +129,19 @@ def test_a_seeded_request_is_the_same_alone_and_in_any_crowd(kind):
         preempted += times
     assert preempted > 0  # the request itself was preempted and recomputed
     assert engine.metrics().prefix_cache_hits > before.prefix_cache_hits
+    assert engine.kv_blocks_in_use() == (0, 0)
+
+
+def test_a_greedy_request_without_a_seed_is_the_same_alone_and_in_any_crowd():
+    """Greedy PCG: it accepts a draft in the target's group, so whether a step speculates changes its tokens;
+    it speculates on every step and takes batch-invariant forwards, as a seeded request does."""
+    engine = make_engine("feature-head")
+    alone, alone_logits = run_alone(engine, greedy=True)
+    assert len(alone) > 150
+    for joins in (0, 24):
+        tokens, logits, _ = run_in_crowd(engine, joins, greedy=True)
+        assert tokens == alone, f"joining at step {joins}"
+        assert all(torch.equal(a, b) for a, b in zip(logits, alone_logits, strict=True)), joins
     assert engine.kv_blocks_in_use() == (0, 0)
 
 
