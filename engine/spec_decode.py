@@ -54,7 +54,7 @@ class SpeculativeDecoder:
         drafts (`Sequence.rule`). draft_confidence: θ of engine/draft_length.py (0: each row drafts its γ).
         ops: the forms of the per-step operations (the engine's, engine/ops);
         plan: the padding that makes forwards batch-invariant; invariant_steps: which forwards take it,
-        "seeded" (prefills, and steps holding a seeded request), "always" or "off"
+        "seeded" (prefills, and steps holding a seeded or greedy request), "always" or "off"
         (EngineConfig.deterministic)."""
         if draft is not None and head is not None:
             raise ValueError("one draft: a Llama draft or a feature head, not both")
