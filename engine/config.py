@@ -97,9 +97,9 @@ class EngineConfig:
     # every prefill, and every decoding step that holds a seeded or greedy request
     # (SamplingParams.reproducible; the padding they need costs those steps time, measured in
     # bench/results/determinism/); "always": every forward; "off": none (a seed then fixes the tokens
-    # only among the same batch mates). The padding is measured on this
-    # machine at start-up; where none works (captured decode graphs, some devices) "seeded" falls back to
-    # off with a warning and "always" refuses to start.
+    # only among the same batch mates). The padding is measured on this machine at start-up; where none
+    # works (captured decode graphs, some devices) "seeded" falls back to off with a warning and "always"
+    # refuses to start.
     deterministic: str = "seeded"
 
 

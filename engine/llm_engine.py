@@ -412,11 +412,11 @@ class Engine:
         speculate on every step whatever it decides, so a seed still fixes a request's tokens (run to
         run, whatever shares the batch; so do greedy ones, SamplingParams.reproducible); when the policy says
         target-only they take a forward of their own."""
-        seeded = [s for s in seqs if s.params.reproducible]
-        if speculate or not seeded or not self.num_speculative_tokens:
+        reproducible = [s for s in seqs if s.params.reproducible]
+        if speculate or not reproducible or not self.num_speculative_tokens:
             return [(seqs, speculate)]
         plain = [s for s in seqs if not s.params.reproducible]
-        return [(seeded, True)] + ([(plain, False)] if plain else [])
+        return [(reproducible, True)] + ([(plain, False)] if plain else [])
 
     def _fail(self, seq: Seq, exc: BaseException) -> RequestOutput:
         log.warning("request %s failed alone in the engine step: %r", seq.request_id, exc)
