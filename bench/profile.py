@@ -9,7 +9,8 @@ to the whole step. Phases:
     schedule          Scheduler.schedule: admission, KV block allocation, preemption
     prefill           prompt forwards (their own target / draft forwards included)
     draft forward     the feature head's (or the Llama draft's) forwards
-    target forward    decode and verify forwards of the target, without its LM head
+    target forward    decode and verify forwards of the target, without its LM head or attention
+    target attention  those forwards' attention calls (the backend's `attend`, every layer)
     LM head           the target's vocabulary projection (draft proposals and verify alike)
     sampling          penalties, warping, softmax-and-draw of target and draft rows
     constraint        the family's decode constraint (the demo family's marker merge)
@@ -44,7 +45,7 @@ from pcgtts.engine.config import CPU_ATTENTION, CPU_KV, CPU_WEIGHTS
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
-PHASES = ("schedule", "prefill", "draft forward", "target forward", "LM head", "sampling", "constraint",
+PHASES = ("schedule", "prefill", "draft forward", "target forward", "target attention", "LM head", "sampling", "constraint",
           "verify", "decode glue", "step glue")
 
 
@@ -93,11 +94,14 @@ class PhaseClock:
             if self._stack:
                 self._stack[-1][2] += spent
 
-    def wrap(self, owner, attribute: str, name: str) -> None:
-        """Time owner.attribute (a bound method of an instance) as phase `name`."""
+    def wrap(self, owner, attribute: str, name: str, inside: str | None = None) -> None:
+        """Time owner.attribute (a bound method of an instance) as phase `name`; with `inside`, only when
+        called from that phase (elsewhere it counts in its caller's)."""
         inner = getattr(owner, attribute)
 
         def timed(*args, **kwargs):
+            if inside is not None and (not self._stack or self._stack[-1][0] != inside):
+                return inner(*args, **kwargs)
             with self.phase(name):
                 return inner(*args, **kwargs)
 
@@ -150,6 +154,8 @@ def instrument(engine: Engine, clock: PhaseClock):
     clock.wrap(engine.target, "forward", "target forward")
     clock.wrap(engine.target, "forward_chunks", "target forward")
     clock.wrap(engine.target, "logits", "LM head")
+    # the target's attention backend (a draft sharing the object keeps its attention in "draft forward")
+    clock.wrap(engine.target.backend, "attend", "target attention", inside="target forward")
     head = decoder.head
     if head is not None:
         decoder.head = TimedCall(head, clock, "draft forward")
@@ -159,6 +165,7 @@ def instrument(engine: Engine, clock: PhaseClock):
 
     def undo() -> None:
         decoder.head = head
+        vars(engine.target.backend).pop("attend", None)
         for owner in (engine, engine.scheduler, decoder, engine.target, engine.draft):
             if owner is not None:
                 for attribute in ("step", "schedule", "prefill", "_verify", "forward", "forward_chunks",

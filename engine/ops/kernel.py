@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 # float flags that let LLVM vectorise a loop's sums (reassociate, fuse multiply-adds) while infinities and
@@ -50,6 +51,36 @@ def as_float32(typingctx, x):
     if x == types.float32:
         return types.float32(types.float32), lambda context, builder, signature, args: args[0]
     return None
+
+
+CACHE_LINE = 64  # bytes
+
+
+@intrinsic
+def prefetch(typingctx, array, i, j, offset):
+    """Ask for the cache line `offset` bytes past array[i, j, 0, 0] (a 4-D array) to be brought toward L1
+    (LLVM's prefetch: a hint, never a fault, whatever the address). A loop that walks rows of K/V from memory
+    issues it a few rows ahead: the hardware prefetcher alone leaves the attention loop waiting on each
+    row (measured: one query per row ran 1.6x faster with it, bench/results/attention-prefetch)."""
+    if not (isinstance(array, types.Array) and array.ndim == 4):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        ary = context.make_array(array_type)(context, builder, args[0])
+        zero = context.get_constant(types.intp, 0)
+        row = cgutils.get_item_pointer(context, builder, array_type, ary,
+                                       [args[1], args[2], zero, zero])
+        byte = ir.IntType(8).as_pointer()
+        address = builder.gep(builder.bitcast(row, byte), [args[3]])
+        int32 = ir.IntType(32)
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [byte, int32, int32, int32]), "llvm.prefetch.p0i8")
+        # read access, high temporal locality (keep in all levels), data cache
+        builder.call(function, [address, int32(0), int32(3), int32(1)])
+        return context.get_dummy_value()
+
+    return types.void(array, types.intp, types.intp, types.intp), codegen
 
 
 @cpu_kernel()

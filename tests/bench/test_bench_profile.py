@@ -28,7 +28,7 @@ def test_phases_add_up_to_the_step_at_every_batch_size(tmp_path):
         assert set(phases) == set(profile.PHASES) and min(phases.values()) >= 0
         # exclusive times: together they are the step, short of generate()'s own loop around it
         assert 0.7 * row["step_ms"] <= sum(phases.values()) <= row["step_ms"] * 1.001
-        assert phases["target forward"] > 0 and phases["schedule"] > 0
+        assert phases["target forward"] > 0 and phases["schedule"] > 0 and phases["target attention"] > 0
         assert (phases["verify"] > 0) == (row["rule"] == "pcg")
     for rule in ("target-only", "pcg"):
         assert len(result["ops"][rule]["ops"]) == 5
@@ -44,6 +44,7 @@ def test_a_profiled_engine_decodes_as_before_afterwards(tmp_path):
     before = [g.token_ids for g in engine.generate(prompts, params)]
     profile.decode(engine, prompts, params)
     assert vars(engine.decoder).get("step") is None and type(engine.decoder.head).__name__ != "TimedCall"
+    assert vars(engine.target.backend).get("attend") is None
     assert [g.token_ids for g in engine.generate(prompts, params)] == before
     args = argparse.Namespace(temperature=0.8, max_tokens=24, seeded=False)
     assert all(p.seed is None for p in profile.requests(bundle, 2, args)[1])

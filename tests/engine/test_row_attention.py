@@ -154,3 +154,25 @@ def test_a_tree_branch_attends_as_its_tokens_would_as_a_chain(form):
             torch.testing.assert_close(tree[:, columns], chain, rtol=1e-5, atol=2e-6)
     gapped_mask = gaps[0, :, 1] > gaps[0, :, 0]
     assert gapped_mask.sum() == (k - 1) * gamma  # the test exercises gaps
+
+
+def test_a_prefetch_hint_changes_nothing_and_never_faults():
+    """`prefetch` (engine/ops/kernel.py) only moves cache lines: a loop that asks for every row of an array,
+    past its last one too, reads the same sum as numpy, for the float32 and fp16-bits K/V the kernel takes."""
+    from numba import njit
+    from pcgtts.engine.ops.kernel import CACHE_LINE, prefetch
+
+    @njit
+    def total_with_hints(a):
+        row_bytes = a.shape[2] * a.shape[3] * a.itemsize
+        s = 0.0
+        for i in range(a.shape[0]):
+            for j in range(a.shape[1]):
+                for line in range(0, row_bytes, CACHE_LINE):
+                    prefetch(a, i, j + 8, line)  # rows past the end included
+                s += a[i, j].sum()
+        return s
+
+    for array in (np.arange(2 * 5 * 3 * 64, dtype=np.float32).reshape(2, 5, 3, 64),
+                  np.arange(2 * 5 * 3 * 64, dtype=np.uint16).reshape(2, 5, 3, 64)):
+        assert total_with_hints(array) == array.sum(dtype=np.float64)
