@@ -45,8 +45,8 @@ from pcgtts.engine.config import CPU_ATTENTION, CPU_KV, CPU_WEIGHTS
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
-PHASES = ("schedule", "prefill", "draft forward", "target forward", "target attention", "LM head", "sampling", "constraint",
-          "verify", "decode glue", "step glue")
+PHASES = ("schedule", "prefill", "draft forward", "target forward", "target attention", "LM head", "sampling",
+          "constraint", "verify", "decode glue", "step glue")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
