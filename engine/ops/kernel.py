@@ -74,8 +74,9 @@ def prefetch(typingctx, array, i, j, offset):
         byte = ir.IntType(8).as_pointer()
         address = builder.gep(builder.bitcast(row, byte), [args[3]])
         int32 = ir.IntType(32)
+        mangled = "llvm.prefetch.p0" if getattr(byte, "is_opaque", False) else "llvm.prefetch.p0i8"
         function = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte, int32, int32, int32]), "llvm.prefetch.p0i8")
+            builder.module, ir.FunctionType(ir.VoidType(), [byte, int32, int32, int32]), mangled)
         # read access, high temporal locality (keep in all levels), data cache
         builder.call(function, [address, int32(0), int32(3), int32(1)])
         return context.get_dummy_value()

@@ -93,6 +93,8 @@ def _attend_rows(q, keys, values, rows, positions, gaps, out):
             for h in range(heads):
                 kv = h // group
                 for t in range(t_len):
+                    if positions[b, t] < j:  # a key past this query (half of a prefill chunk's pairs)
+                        continue
                     dot = np.float32(0.0)
                     for d in range(dim):
                         dot += q[b, t, h, d] * as_float32(keys[r, j, kv, d])
