@@ -183,3 +183,21 @@ def test_first_block_with_less_conv_lookahead_streams_like_whole_decode():
     np.testing.assert_allclose(np.concatenate(parts), whole, atol=1e-5)
     other = np.concatenate([codes[:needed], (codes[needed:] + 7) % codec.codebook_size])
     np.testing.assert_allclose(codec.decode(other)[: first.size], first, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:The length of signal is shorter")  # istft's own, for the padded case
+@pytest.mark.parametrize("frames", [1, 2, 9, 28, 56, 73])
+def test_inverse_stft_is_torch_istft_bit_for_bit(frames):
+    """Griffin-Lim's inverse STFT (the window's overlap-add kept per shape) gives torch.istft's samples
+    exactly, at the codec's lengths and past the signal's end (zeros there, as istft pads)."""
+    from pcgtts.engine.codec.demo.features import N_FFT
+    from pcgtts.engine.codec.demo.griffinlim import UPSAMPLE, inverse_stft
+
+    g = torch.Generator().manual_seed(frames)
+    spectra = torch.complex(torch.randn(N_FFT // 2 + 1, frames, generator=g),
+                            torch.randn(N_FFT // 2 + 1, frames, generator=g))
+    window, hop = torch.hann_window(N_FFT), HOP // UPSAMPLE
+    for length in (frames * hop, frames * hop + N_FFT):
+        expected = torch.istft(spectra, N_FFT, hop, window=window, center=True, length=length)
+        for _ in range(2):  # the envelope computed, then reused
+            assert torch.equal(inverse_stft(spectra, window, hop, length), expected)

@@ -97,7 +97,7 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
     coef = cfg.momentum / (1 + cfg.momentum)
 
     def istft(spectra: torch.Tensor) -> torch.Tensor:  # [F, n] -> [length]
-        return torch.istft(spectra, n_fft, hop, window=window, center=True, length=length)
+        return inverse_stft(spectra, window, hop, length)
 
     def stft(audio: torch.Tensor) -> torch.Tensor:  # [length] -> [F, n]
         return torch.stft(audio, n_fft, hop, window=window, center=True, pad_mode=pad_mode,
@@ -108,6 +108,38 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
         phase = each_block(torch.sgn, rebuilt - coef * prev)
         prev = rebuilt
     return each_block(istft, mag * phase), phase
+
+
+def inverse_stft(spectra: torch.Tensor, window: torch.Tensor, hop: int, length: int) -> torch.Tensor:
+    """torch.istft(spectra, n_fft, hop, window=window, center=True, length=length) for one spectrogram
+    [n_fft // 2 + 1, n] -> [length], the same bits: the same inverse FFT, window product and overlap-add
+    (aten's unfold_backward), but the window's own overlap-add, which it divides by, is computed once per
+    shape (`_window_envelope`) instead of in every call, where it was half of the codec's overlap-add time."""
+    n_fft, frames = window.shape[0], spectra.shape[-1]
+    total = n_fft + hop * (frames - 1)
+    y = torch.fft.irfft(spectra.T[None], n_fft, dim=-1) * window  # [1, n, n_fft], as torch.istft lays it
+    y = torch.ops.aten.unfold_backward(y, [1, total], 1, n_fft, hop)[0]  # [total]
+    start = n_fft // 2  # center=True
+    end = min(start + length, total)
+    out = y[start:end] / _window_envelope(window, hop, frames)[start:end]
+    return torch.nn.functional.pad(out, (0, length - out.shape[0]))  # zeros past the signal, as istft
+
+
+_ENVELOPES: dict[tuple, torch.Tensor] = {}
+
+
+def _window_envelope(window: torch.Tensor, hop: int, frames: int) -> torch.Tensor:
+    """The overlap-added squared window over `frames` frames [n_fft + hop * (frames - 1)], computed as
+    torch.istft does, kept per (window values, hop, frames): the codec's blocks come in a few sizes."""
+    key = (window.shape[0], hop, frames, hash(window.numpy().tobytes()))
+    if key not in _ENVELOPES:
+        n_fft = window.shape[0]
+        squared = window.pow(2).expand(1, frames, n_fft)
+        envelope = torch.ops.aten.unfold_backward(squared, [1, n_fft + hop * (frames - 1)], 1, n_fft, hop)[0]
+        if envelope[n_fft // 2:].abs().min() < 1e-11:  # what a call may divide by
+            raise ValueError("window overlap-add is zero somewhere (NOLA): this window and hop cannot invert")
+        _ENVELOPES[key] = envelope
+    return _ENVELOPES[key]
 
 
 def each_block(op: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> torch.Tensor:
