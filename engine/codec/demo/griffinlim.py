@@ -12,7 +12,7 @@ blocks are long enough to amortise their context frames.
 
 Blocks of several utterances with the same frame count run as one batched Griffin-Lim
 (`synthesize_blocks`); one utterance's block is the batch of one, and every op computes a block's numbers
-alike in a batch of any size (the STFTs and the phase normalisation run block by block: `each_block`), so
+alike in a batch of any size (the STFTs and the phase normalisation run block by block: `griffin_lim`), so
 the samples do not depend on batching, bit for bit.
 
 Synthesis runs at half the analysis hop (log-mel frames are interpolated to 100 frames/s) for a denser
@@ -87,27 +87,38 @@ def batched_by(key: Callable[[T], object], items: Sequence[T], run: Callable[[li
 def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fast Griffin-Lim (momentum) on a batch. mag: [B, F, n] linear magnitudes; phase: [B, F, n] complex
-    unit start phases -> (audio [B, n * hop / UPSAMPLE], final phases [B, F, n])."""
+    unit start phases -> (audio [B, n * hop / UPSAMPLE], final phases [B, F, n]).
+
+    Each block iterates on its own, so that a stream's audio does not depend on which others the codec
+    decodes with it: batched FFTs pick other kernels than a single one (on the Intel build machine the
+    inverse differs in the last bits), and `torch.sgn` rounds the last few elements of its input by another
+    code path. Its spectra stay apart from the other blocks' between iterations (stacking them after every
+    op and splitting them again was a tenth of the codec's time); the elementwise steps are single ops
+    either way (a real or scalar factor times a complex number, a difference), the same numbers."""
     n_fft, hop, window = spec.n_fft, spec.hop // UPSAMPLE, spec.window
     length = mag.shape[-1] * hop
     # reflect padding needs more than n_fft / 2 samples; a block of a frame or two (a 2-token utterance)
     # is zero-padded instead of failing
     pad_mode = "reflect" if length > n_fft // 2 else "constant"
-    prev = torch.zeros_like(phase)
     coef = cfg.momentum / (1 + cfg.momentum)
 
     def istft(spectra: torch.Tensor) -> torch.Tensor:  # [F, n] -> [length]
         return inverse_stft(spectra, window, hop, length)
 
-    def stft(audio: torch.Tensor) -> torch.Tensor:  # [length] -> [F, n]
+    def stft(audio: torch.Tensor) -> torch.Tensor:  # [length] -> [F, n], contiguous: complex arithmetic
+        # over a strided view rounds otherwise than over contiguous memory (measured), and a block's numbers
+        # must not depend on how they are laid out
         return torch.stft(audio, n_fft, hop, window=window, center=True, pad_mode=pad_mode,
-                          return_complex=True)[..., :-1]
+                          return_complex=True)[..., :-1].contiguous()
 
+    mags, phases = mag.unbind(0), list(phase.unbind(0))
+    prevs = [torch.zeros_like(p) for p in phases]
     for _ in range(cfg.iterations):
-        rebuilt = each_block(stft, each_block(istft, mag * phase))
-        phase = each_block(torch.sgn, rebuilt - coef * prev)
-        prev = rebuilt
-    return each_block(istft, mag * phase), phase
+        for i, block_mag in enumerate(mags):
+            rebuilt = stft(istft(block_mag * phases[i]))
+            phases[i] = torch.sgn(rebuilt - coef * prevs[i])
+            prevs[i] = rebuilt
+    return torch.stack([istft(m * p) for m, p in zip(mags, phases, strict=True)]), torch.stack(phases)
 
 
 def inverse_stft(spectra: torch.Tensor, window: torch.Tensor, hop: int, length: int) -> torch.Tensor:
@@ -140,15 +151,6 @@ def _window_envelope(window: torch.Tensor, hop: int, frames: int) -> torch.Tenso
             raise ValueError("window overlap-add is zero somewhere (NOLA): this window and hop cannot invert")
         _ENVELOPES[key] = envelope
     return _ENVELOPES[key]
-
-
-def each_block(op: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> torch.Tensor:
-    """op over each block of batch [B, ...] on its own, stacked: the ops whose rounding depends on how many
-    blocks share the call, so that a stream's audio does not depend on which others the codec decodes with
-    it. The batched FFTs pick other kernels than a single one (on the Intel build machine the inverse
-    differs in the last bits), and `torch.sgn` (one op, where dividing by abs() is several) rounds the last
-    few elements of its input by another code path. The elementwise arithmetic between them stays batched."""
-    return torch.stack([op(block) for block in batch])
 
 
 @dataclass
