@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,13 @@ SENTENCES = [
 def ratio(num: float | None, den: float | None) -> float | None:
     """num / den, or None when there is nothing to divide by."""
     return num / den if num is not None and den else None
+
+
+def speedup_cell(base_seconds: list[float], this_seconds: list[float]) -> str:
+    """'1.23x (1.10-1.40)': the median over repeats of base / this time, and its range (a table cell of a
+    side-by-side run; above 1x, this is faster)."""
+    ratios = [b / t for b, t in zip(base_seconds, this_seconds, strict=True)]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from numba import njit
-from pcgtts.bench.common import batched, bundle_engine, machine, speech_requests, write_json
+from pcgtts.bench.common import batched, bundle_engine, machine, speech_requests, speedup_cell, write_json
 from pcgtts.engine.ops import kernel, row_attention
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -196,11 +196,9 @@ def main() -> None:
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in recorded:
         base, this = r["seconds"]["base"], r["seconds"]["this"]
-        per = [b / t for b, t in zip(base, this, strict=True)]
         lines.append(f"| {r['rule']} | {r['batch']} | {r['calls']} | {r['query_tokens']} | "
                      f"{1e3 * statistics.median(base):.1f} | {1e3 * statistics.median(this):.1f} | "
-                     f"{statistics.median(per):.2f}x ({min(per):.2f}-{max(per):.2f}) | "
-                     f"{'yes' if r['same_bits'] else 'NO'} |")
+                     f"{speedup_cell(base, this)} | {'yes' if r['same_bits'] else 'NO'} |")
     (args.out / "ab_kernel.md").write_text("\n".join(lines) + "\n")
 
 

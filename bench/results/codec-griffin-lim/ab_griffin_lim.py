@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from pcgtts.bench.codec_bench import _decode_steps, _load_codec
-from pcgtts.bench.common import machine, write_json
+from pcgtts.bench.common import machine, speedup_cell, write_json
 from pcgtts.engine.codec.demo import griffinlim
 
 
@@ -86,9 +86,8 @@ def main() -> None:
              "| audio s per codec s | same audio |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         base, this = r["seconds"]["base"], r["seconds"]["this"]
-        ratios = [b / t for b, t in zip(base, this, strict=True)]
         lines.append(f"| {r['streams']} | {statistics.median(base):.2f} | {statistics.median(this):.2f} | "
-                     f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+                     f"{speedup_cell(base, this)} | "
                      f"{r['streams'] * args.seconds / statistics.median(base):.1f} → "
                      f"{r['streams'] * args.seconds / statistics.median(this):.1f} | "
                      f"{'yes' if r['same_audio'] else 'NO'} |")
