@@ -34,9 +34,9 @@ from pcgtts.engine.ops import Twin
 from pcgtts.engine.ops.kernel import CACHE_LINE, REASSOCIATE, as_float32, cpu_kernel, prefetch
 
 _LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
 # keys ahead of the one being scored whose K and V rows are asked for from memory (2-16 measured alike)
 PREFETCH_KEYS = 8
-_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
 
 
 @cpu_kernel("float32(float32[::1], float32, int64, int32[::1])", fastmath=REASSOCIATE)

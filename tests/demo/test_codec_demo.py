@@ -191,7 +191,7 @@ def test_inverse_stft_is_torch_istft_bit_for_bit(frames):
     """Griffin-Lim's inverse STFT (the window's overlap-add kept per shape) gives torch.istft's samples
     exactly, at the codec's lengths and past the signal's end (zeros there, as istft pads)."""
     from pcgtts.engine.codec.demo.features import N_FFT
-    from pcgtts.engine.codec.demo.griffinlim import UPSAMPLE, inverse_stft
+    from pcgtts.engine.codec.demo.griffinlim import UPSAMPLE, inverse_stft, window_envelope
 
     g = torch.Generator().manual_seed(frames)
     spectra = torch.complex(torch.randn(N_FFT // 2 + 1, frames, generator=g),
@@ -200,4 +200,5 @@ def test_inverse_stft_is_torch_istft_bit_for_bit(frames):
     for length in (frames * hop, frames * hop + N_FFT):
         expected = torch.istft(spectra, N_FFT, hop, window=window, center=True, length=length)
         for _ in range(2):  # the envelope computed, then reused
-            assert torch.equal(inverse_stft(spectra, window, hop, length), expected)
+            envelope = window_envelope(window, hop, frames)
+            assert torch.equal(inverse_stft(spectra, window, hop, length, envelope), expected)

@@ -101,9 +101,10 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
     # is zero-padded instead of failing
     pad_mode = "reflect" if length > n_fft // 2 else "constant"
     coef = cfg.momentum / (1 + cfg.momentum)
+    envelope = window_envelope(window, hop, mag.shape[-1])  # looked up once for the batch's every istft
 
     def istft(spectra: torch.Tensor) -> torch.Tensor:  # [F, n] -> [length]
-        return inverse_stft(spectra, window, hop, length)
+        return inverse_stft(spectra, window, hop, length, envelope)
 
     def stft(audio: torch.Tensor) -> torch.Tensor:  # [length] -> [F, n], contiguous: complex arithmetic
         # over a strided view rounds otherwise than over contiguous memory (measured), and a block's numbers
@@ -121,25 +122,27 @@ def griffin_lim(spec: MelSpec, cfg: BlockGLConfig, mag: torch.Tensor, phase: tor
     return torch.stack([istft(m * p) for m, p in zip(mags, phases, strict=True)]), torch.stack(phases)
 
 
-def inverse_stft(spectra: torch.Tensor, window: torch.Tensor, hop: int, length: int) -> torch.Tensor:
+def inverse_stft(spectra: torch.Tensor, window: torch.Tensor, hop: int, length: int,
+                 envelope: torch.Tensor) -> torch.Tensor:
     """torch.istft(spectra, n_fft, hop, window=window, center=True, length=length) for one spectrogram
     [n_fft // 2 + 1, n] -> [length], the same bits: the same inverse FFT, window product and overlap-add
-    (aten's unfold_backward), but the window's own overlap-add, which it divides by, is computed once per
-    shape (`_window_envelope`) instead of in every call, where it was half of the codec's overlap-add time."""
+    (aten's unfold_backward), but the window's own overlap-add, which it divides by, is given
+    (`window_envelope(window, hop, n)`, kept per shape) instead of computed in every call, where it was half
+    of the codec's overlap-add time."""
     n_fft, frames = window.shape[0], spectra.shape[-1]
     total = n_fft + hop * (frames - 1)
     y = torch.fft.irfft(spectra.T[None], n_fft, dim=-1) * window  # [1, n, n_fft], as torch.istft lays it
     y = torch.ops.aten.unfold_backward(y, [1, total], 1, n_fft, hop)[0]  # [total]
     start = n_fft // 2  # center=True
     end = min(start + length, total)
-    out = y[start:end] / _window_envelope(window, hop, frames)[start:end]
+    out = y[start:end] / envelope[start:end]
     return torch.nn.functional.pad(out, (0, length - out.shape[0]))  # zeros past the signal, as istft
 
 
 _ENVELOPES: dict[tuple, torch.Tensor] = {}
 
 
-def _window_envelope(window: torch.Tensor, hop: int, frames: int) -> torch.Tensor:
+def window_envelope(window: torch.Tensor, hop: int, frames: int) -> torch.Tensor:
     """The overlap-added squared window over `frames` frames [n_fft + hop * (frames - 1)], computed as
     torch.istft does, kept per (window values, hop, frames): the codec's blocks come in a few sizes."""
     key = (window.shape[0], hop, frames, hash(window.numpy().tobytes()))
