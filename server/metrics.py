@@ -40,6 +40,7 @@ class RequestOutcome:
     e2e_s: float | None = None
     audio_s: float = 0.0
     underrun_s: float | None = None
+    first_audio_held_s: float | None = None  # how long the first audio was held back (tts/first_audio.py)
 
 
 class UnderrunTracker:
@@ -143,6 +144,11 @@ class ServerMetrics:
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds",
                               "Request received -> first speech token generated.", lab, buckets=TTFA_BUCKETS,
                               registry=r)
+        self.first_audio_hold = Histogram(
+            PREFIX + "audio_first_chunk_hold_seconds",
+            "How long a stream's first audio was held back so that the next chunk could follow it without "
+            "a gap (0 = sent at once; a loaded server holds).", lab, buckets=(0.0,) + TTFA_BUCKETS,
+            registry=r)
         self.rtf = Histogram(PREFIX + "audio_rtf", "Wall time / audio duration per request (lower = faster).",
                              lab, buckets=RTF_BUCKETS, registry=r)
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Request received -> last byte sent.",
@@ -177,6 +183,8 @@ class ServerMetrics:
             self.ttfa.labels(m).observe(o.ttfa_s)
         if o.first_token_s is not None:
             self.ttft.labels(m).observe(o.first_token_s)
+        if o.first_audio_held_s is not None:
+            self.first_audio_hold.labels(m).observe(o.first_audio_held_s)
         if o.e2e_s is not None:
             self.e2e.labels(m).observe(o.e2e_s)
         if o.audio_s > 0:

@@ -84,6 +84,9 @@ class ServerSettings:
     initial_codec_chunk_frames: int | None = _opt(TTSConfig.initial_codec_chunk_frames,
                                                   "frames in the codec's first block (smaller: earlier "
                                                   "first audio, thinner early buffer); default: codec's")
+    first_audio_max_hold_s: float = _opt(TTSConfig.first_audio_max_hold_s,
+                                         "longest a stream's first audio is held back until the next chunk "
+                                         "can follow it without a gap (0 = send at once)")
     torch_threads: int | None = _opt(None, "torch intra-op threads (default: 1 on CPU, where the engine "
                                            "and codec threads would contend, else torch's; 0 = torch's)")
     data_dir: str = _opt(help="where uploaded voices persist (SQLite + files under voices/)",

@@ -183,6 +183,8 @@ class SpeechRun:
             o.finished_reason = st.finish_reason if status == "ok" else "abort"
             if st.first_token_s is not None:
                 o.first_token_s = (st.started_at - self.started) + st.first_token_s
+            if st.first_audio_s is not None:
+                o.first_audio_held_s = st.first_audio_held_s
         if status == "ok" and self.underrun.t0 is not None:
             o.underrun_s = self.underrun.worst
         self.metrics.record(o)

@@ -85,6 +85,9 @@ class TTSConfig:
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
     # codec's own. Only block codecs (the demo codec) have one.
     initial_codec_chunk_frames: int | None = None
+    # The longest a stream's first audio is held back so that the next chunk follows it in time (the
+    # listener's wait comes before the first sound, not after it: tts/first_audio.py); 0 = never held.
+    first_audio_max_hold_s: float = 0.3
     sentence_max_chars: int = 220
     sentence_pause_s: float = 0.12  # silence between sentences of one input
 
@@ -155,6 +158,8 @@ class TTSService:
 
         if config.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, not {config.engine!r}")
+        if not config.first_audio_max_hold_s >= 0:
+            raise ValueError(f"first_audio_max_hold_s must be >= 0, not {config.first_audio_max_hold_s}")
         bundle = ModelBundle.from_dir(config.model_dir, codec_dir=config.codec_dir,
                                       draft_dir=config.draft_dir)
         family = bundle.load_family()
@@ -438,7 +443,8 @@ class TTSService:
             tokens_to_codes=self.family.tokens_to_codes, sampling_params=self.sampling_params,
             streaming_decoder=self.codec.streaming_decoder, decode=self.decoder.push,
             stream=self.engine.stream, set_deadline=self.engine.set_deadline,
-            encode_voice=self.encode_voice, pin_voice=self.pin_voice)
+            encode_voice=self.encode_voice, pin_voice=self.pin_voice,
+            first_audio_max_hold_s=self.config.first_audio_max_hold_s)
 
     # -- monitoring and shutdown
     @property

@@ -22,6 +22,7 @@ from pcgtts.tts.errors import (
     SynthesisFailed,
 )
 from pcgtts.tts.feed import TextFeed
+from pcgtts.tts.first_audio import FirstAudioPacer
 
 if TYPE_CHECKING:
     from pcgtts.engine.async_engine import TokenDelta
@@ -62,6 +63,7 @@ class SynthesisStats:
     first_audio_s: float | None = None
     finished_s: float | None = None
     decode_s: float = 0.0  # codec time spent on this request's windows
+    first_audio_held_s: float = 0.0  # how long the first audio was held back (tts/first_audio.py)
     finish_reason: str | None = None  # stop | length | abort
 
     @property
@@ -127,6 +129,7 @@ class SynthesisContext:
     set_deadline: Callable[[str, float | None], None]  # (request id, when its listener runs dry)
     encode_voice: Callable[[np.ndarray, int, str], VoicePrompt]  # blocking: clip, rate, transcript
     pin_voice: Callable[[VoicePrompt], None]  # blocking: keep a non-preset voice's prefix cached
+    first_audio_max_hold_s: float = 0.0  # the longest a stream's first audio is held (0: never held)
 
 
 @dataclass
@@ -265,6 +268,9 @@ class Synthesis:
         finish_reason = None
         request_id = uuid.uuid4().hex
         coded, voiced, frame_rate = 0, 0, ctx.frame_rate  # this sentence's codes and audio samples
+        pacer = None  # holds the synthesis's first audio until the stream can follow it up in time
+        if opts.streaming and st.first_audio_s is None and ctx.first_audio_max_hold_s > 0:
+            pacer = FirstAudioPacer(ctx.first_audio_max_hold_s, self.sample_rate)
         with _engine_errors():
             stream = ctx.stream(prompt.token_ids, params, request_id, continuing=self._admitted)
             try:
@@ -282,12 +288,22 @@ class Synthesis:
                     if codes.size:
                         held.append(codes)
                         coded += codes.size
+                        if pacer is not None:
+                            pacer.codes_arrived(codes.size, time.perf_counter())
                     if delta.finished:
                         finish_reason = delta.finish_reason
                         break
                     if opts.streaming and held:
+                        sent = time.perf_counter()
                         audio = await self._decode(decoder, np.concatenate(held))
                         held = []
+                        if pacer is not None:
+                            now = time.perf_counter()
+                            pacer.hold(audio, now)
+                            audio = pacer.release(decoder.codes_until_audio(), now - sent, now)
+                            if audio is None:
+                                continue
+                            st.first_audio_held_s, pacer = pacer.held_s, None
                         if audio.size:
                             yield audio
                             voiced += audio.size
@@ -301,6 +317,9 @@ class Synthesis:
                 await stream.aclose()  # aborts the engine request if it is still running
         if aligner is not None:
             self._add_words(aligner.finish(), offset)
+        if pacer is not None and (audio := pacer.take(time.perf_counter())).size:
+            st.first_audio_held_s = pacer.held_s
+            yield audio
         if held:
             audio = await self._decode(decoder, np.concatenate(held))
             if audio.size:

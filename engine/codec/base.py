@@ -36,6 +36,11 @@ class StreamingDecoder(ABC):
     def flush(self) -> np.ndarray:  # float32 [samples]
         ...
 
+    def codes_until_audio(self) -> int | None:
+        """More codes this decoder needs before `push` returns audio again (0: it has them), or None
+        where it cannot say. The service paces a stream's first audio with it (tts/first_audio.py)."""
+        return None
+
     def checkpoint(self) -> Callable[[], None]:
         """The decoder's state now -> a function that puts it back (after a batched decode that failed,
         so each stream can be retried alone). Default: a deep copy that shares every codec the decoder

@@ -263,6 +263,11 @@ def test_metrics_after_traffic(client, live_server):
     positions = {s.labels["position"]: s.value for s in per_pos}
     assert sorted(positions) == [str(i) for i in range(gamma)] and sum(positions.values()) == accepted
     assert value("pcgtts:audio_time_to_first_chunk_seconds", "_count") > 0
+    # requests report how long their first audio was held (0 when sent at once), none beyond the limit
+    held = value("pcgtts:audio_first_chunk_hold_seconds", "_count")
+    assert held > 0
+    limit = live_server.state.service.config.first_audio_max_hold_s
+    assert value("pcgtts:audio_first_chunk_hold_seconds", "_sum") <= held * (limit + 0.5)
     assert value("pcgtts:audio_rtf", "_count") > 0 and value("pcgtts:audio_seconds", "_total") > 0
     assert value("pcgtts:requests", "_total", format="pcm", stream_mode="audio", status="ok") > 0
     assert value("pcgtts:requests", "_total", stream_mode="sse", status="ok") > 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from contextlib import aclosing
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -321,23 +323,54 @@ def test_uploaded_voices_are_pinned_like_presets(tts_service):
     assert again.kv_blocks_pinned == first.kv_blocks_pinned
 
 
-def test_first_audio_leaves_with_the_codecs_first_block(tts_service):
-    """The first chunk is yielded as soon as the codec's first block is decoded (only a few milliseconds
-    of each sentence are held back to fade its end), not when the second block is: by then the synthesis
-    has taken fewer codes than the second block needs."""
-    codec = tts_service.codec
-    gl, ctx = codec.gl, codec.decoder.context
-    second_block_needs = gl.bounds(1)[1] + gl.right + ctx
+def first_chunk_under(tts_service, monkeypatch, hold_s: float, step_delay_s: float):
+    """A seeded synthesis with first-audio holds up to `hold_s`, its engine deltas delayed by
+    `step_delay_s` each (a loaded engine) -> (first chunk, tokens generated when it left, all its audio,
+    its stats)."""
+    monkeypatch.setattr(tts_service, "config", replace(tts_service.config, first_audio_max_hold_s=hold_s))
+    engine_stream = tts_service.engine.stream
+
+    async def slowed(*args, **kwargs):
+        async with aclosing(engine_stream(*args, **kwargs)) as deltas:
+            async for delta in deltas:
+                await asyncio.sleep(step_delay_s)
+                yield delta
+
+    monkeypatch.setattr(tts_service.engine, "stream", slowed)
 
     async def run():
         synth = tts_service.synthesize("The first block should leave at once, please.", None,
                                        SynthesisOptions(seed=5))
+        chunks, taken = [], None
         async for chunk in synth:
-            taken = synth.stats.generated_tokens
-            await synth.aclose()
-            return chunk, taken
+            taken = synth.stats.generated_tokens if taken is None else taken
+            chunks.append(chunk)
+        return chunks[0], taken, np.concatenate(chunks), synth.stats
 
-    chunk, taken = asyncio.run(run())
-    assert taken < second_block_needs
+    try:
+        return asyncio.run(run())
+    finally:
+        monkeypatch.undo()
+        wait_idle(tts_service)
+
+
+def test_first_audio_leaves_with_the_first_block_unless_the_next_would_come_late(tts_service, monkeypatch):
+    """Unheld, the first chunk is yielded as soon as the codec's first block is decoded (only a few
+    milliseconds of each sentence are held back to fade its end), not when the second block is. A stream
+    whose next block would come after the first one has played (here ~20 engine steps a second, ~3 codes a
+    step: the second block's 24 codes take longer than the first block's 0.3 s) has its first audio held
+    until it can follow; the audio is the same samples either way."""
+    codec = tts_service.codec
+    gl, ctx = codec.gl, codec.decoder.context
+    second_block_needs = gl.bounds(1)[1] + gl.right + ctx
+
+    chunk, taken, audio, stats = first_chunk_under(tts_service, monkeypatch, hold_s=0.0, step_delay_s=0.0)
+    assert taken < second_block_needs and stats.first_audio_held_s == 0
     assert chunk.size >= gl.first_block * codec.spec.hop - gl.crossfade // 2 - int(0.005 * codec.sample_rate)
-    wait_idle(tts_service)
+
+    _, _, fast_audio, _ = first_chunk_under(tts_service, monkeypatch, hold_s=5.0, step_delay_s=0.0)
+    held_chunk, held_taken, held_audio, held = first_chunk_under(tts_service, monkeypatch, hold_s=5.0,
+                                                                 step_delay_s=0.05)
+    assert held.first_audio_held_s > 0.05 and held_taken > taken
+    assert np.array_equal(held_audio, audio) and np.array_equal(fast_audio, audio)
+    assert held_chunk.size >= chunk.size

@@ -151,7 +151,11 @@ class DemoStreamingDecoder(StreamingDecoder):
         """Whether the next block can be decoded now (flushing: the sequence is complete)."""
         if flushing:
             return not self.synth.done(len(self.codes))
-        return self.synth.ready(len(self.codes), self.codec.right_context(self.synth.next_block))
+        return self.codes_until_audio() == 0
+
+    def codes_until_audio(self) -> int:
+        needed = self.synth.codes_needed(self.codec.right_context(self.synth.next_block))
+        return max(0, needed - len(self.codes))
 
     def push(self, codes: np.ndarray) -> np.ndarray:
         return self.codec.decode_streams([(self, codes)])[0]

@@ -207,9 +207,9 @@ class BlockGriffinLim:
         start, end = self.cfg.bounds(self.next_block)
         return max(0, start - self.cfg.left), min(total, end + self.cfg.right)
 
-    def ready(self, available: int, context: int = 0) -> bool:
-        """Whether the next block's look-ahead (plus `context` frames more) has arrived."""
-        return self.cfg.bounds(self.next_block)[1] + self.cfg.right + context <= available
+    def codes_needed(self, context: int = 0) -> int:
+        """Frames that must have arrived for the next block: its end, its look-ahead, `context` more."""
+        return self.cfg.bounds(self.next_block)[1] + self.cfg.right + context
 
     def done(self, total: int) -> bool:
         return self.cfg.bounds(self.next_block)[0] >= total

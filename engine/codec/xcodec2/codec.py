@@ -100,6 +100,9 @@ class WindowedStreamingDecoder(StreamingDecoder):
             out.append(self._emit(end, end + self.lookahead))
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
+    def codes_until_audio(self) -> int:
+        return max(0, self.emitted + self.chunk + self.lookahead - len(self.codes))
+
     def flush(self) -> np.ndarray:
         if self.emitted >= len(self.codes):
             return np.zeros(0, np.float32)
