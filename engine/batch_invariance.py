@@ -12,6 +12,13 @@ these places only:
   a remainder of 1-2 rows by another kernel (multiples of 3 are alike). Within the invariant class every
   row of every product is the same bits whatever the row count, so inputs are padded with zero rows up to
   a multiple of `row_quantum`, measured at start-up (`calibrate`).
+- oneDNN's bf16 product (llama.Projection's bf16 copies, `cpu_weights="bf16"`) by shape, row count and a
+  row's place in the call: on the AMX build machine the bundle's 256-input products computed every row
+  alike in any call of 1-128 rows, wherever it sat, while the 688-input one changed with the row's
+  offset and the feature head's 512-input ones between 8 and 36 rows. So each projection's bf16 product is
+  checked at start-up (`invariant_anywhere`, calls of up to 128 rows at every 5th offset); plans take it
+  (`bf16_products`) for those that pass, in calls of at most 128 rows, and the checkpoint weights' product
+  for the others.
 - Attention by query and context length: torch's CPU attention kernel splits the keys into blocks of
   `KEY_TILE` and reduces each block with a GEMM whose depth is the block's length, and splits the queries
   into blocks whose last one may be short. So contexts are padded (masked keys) to a multiple of the key
@@ -54,6 +61,10 @@ class InvariancePlan:
     query_quantum: int = 1  # each sequence's attention queries (torch's kernel) padded to a multiple of this
     key_tile: int = 0  # keys per block of the attention kernel (0: contexts are not padded)
     min_keys: int = 0  # contexts padded so that no key block is shorter than this
+    # projections with a bf16 copy whose rows oneDNN keeps invariant (llama.Projection.bf16_invariant)
+    # multiply through it at every row count, in calls of at most BF16_CALL_ROWS rows; False: every
+    # projection takes the checkpoint weights' products
+    bf16_products: bool = False
 
     @property
     def active(self) -> bool:
@@ -89,6 +100,18 @@ def rows_invariant(fn, x: torch.Tensor, quantum: int) -> bool:
                     | {r - r % quantum for r in _PREFILL_ROWS if quantum <= r < n})
     reference = fn(x[:n])
     return n > 0 and all(torch.equal(fn(x[:c]), reference[:c]) for c in counts)
+
+
+def invariant_anywhere(fn, x: torch.Tensor, start_step: int = 5) -> bool:
+    """Whether fn ([R, ...] -> [R, ...], row by row) gives each row of x [N, ...] the same bits in a call of
+    any row count from 1 to N, at any place in it, as in the call over all N: every count, its rows taken
+    from every `start_step`-th offset of x. For a kernel that picks its blocking by shape, row count and a
+    row's place among the blocks (oneDNN's bf16 product: some shapes' rows change between 8 and 36 rows,
+    others with their offset in the call, bench/results/bf16-seeded/)."""
+    n = x.shape[0]
+    reference = fn(x)
+    return all(torch.equal(fn(x[start:start + count]), reference[start:start + count])
+               for count in range(1, n) for start in range(0, n - count + 1, start_step))
 
 
 def random_rows(rows: int, features: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -155,10 +178,10 @@ def attention_invariant(plan: InvariancePlan, num_heads: int, num_kv_heads: int,
     return True
 
 
-# Plans measured in this process, by what they depend on (the products' shapes, attention's, the device,
-# dtypes and torch's thread count): a machine's kernels do not change while it runs, and tests build many
-# engines over the same shapes.
-CALIBRATIONS: dict[tuple, InvariancePlan | None] = {}
+# Plans (and per-shape verdicts on bf16 products) measured in this process, by what they depend on (the
+# products' shapes, attention's, the device, dtypes and torch's thread count): a machine's kernels do not
+# change while it runs, and tests build many engines over the same shapes.
+CALIBRATIONS: dict[tuple, InvariancePlan | bool | None] = {}
 
 
 def calibrate(matmuls: list[tuple[object, int, int]], attention: tuple | None, device: torch.device,

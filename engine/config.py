@@ -82,9 +82,11 @@ class EngineConfig:
     # half the bytes, engine/model/llama.py Projection), "fp32" (MKL's products over the float32 weights
     # only) or "bf16" (fp16's, and products but the LM heads' of 16 rows or more in steps outside a plan
     # multiply bf16 inputs by a bf16 copy of the weights through oneDNN, AMX tiles where the CPU has them:
-    # rounded weights and inputs, a quality-measured trade, bench/results/bf16-weights/; where oneDNN has
-    # no native bf16 it is fp16). "auto": bf16 where the CPU has AMX tiles (where it was measured), else
-    # fp16. Other checkpoints, devices and dtypes keep their own.
+    # rounded weights and inputs, a quality-measured trade, bench/results/bf16-weights/; under a plan, at
+    # every row count, the projections whose bf16 rows oneDNN keeps alike in any call of up to 128 rows,
+    # measured at start-up, bench/results/bf16-seeded/; where oneDNN has no native bf16 it is fp16).
+    # "auto": bf16 where the CPU has AMX tiles (where it was measured), else fp16. Other checkpoints,
+    # devices and dtypes keep their own.
     cpu_weights: str = "auto"
     # K/V store of eager CPU float32 forwards attending by the rows' own attention (cpu_attention "rows"):
     # "fp16" (K and V rounded to fp16 as they are written, the KV cache and mirror at half the bytes; the

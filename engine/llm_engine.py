@@ -14,13 +14,21 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from pcgtts.engine.acceptance import RuleCache
 from pcgtts.engine.attention import make_backend
-from pcgtts.engine.batch_invariance import CALIBRATIONS, PLAIN, ROW_QUANTA, InvariancePlan, calibrate
+from pcgtts.engine.batch_invariance import (
+    CALIBRATIONS,
+    PLAIN,
+    ROW_QUANTA,
+    InvariancePlan,
+    calibrate,
+    invariant_anywhere,
+    random_rows,
+)
 from pcgtts.engine.config import (
     CPU_ATTENTION,
     CPU_KV,
@@ -35,7 +43,7 @@ from pcgtts.engine.metrics import Counters, EngineMetrics
 from pcgtts.engine.model.captured import resolve_mode
 from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.feature_head import is_feature_head, load_feature_head
-from pcgtts.engine.model.llama import resolve_cpu_weights
+from pcgtts.engine.model.llama import BF16_CALL_ROWS, resolve_cpu_weights
 from pcgtts.engine.model.loader import few_op_forms, load_llama, resolve_dtype
 from pcgtts.engine.model_runner import ModelRunner, attends_by_rows, kv_store_dtype
 from pcgtts.engine.ops import Ops
@@ -194,7 +202,13 @@ class Engine:
             runners = [self.target] + ([self.draft] if self.draft else [])
             attention = None if all(r.row_attention for r in runners) else \
                 (tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim, self.target.mask_dtype)
-            plan = self._calibrated(checks, attention)
+            plan = None
+            if self._bf16_invariant_products():
+                # seeded steps at batch multiply as fast as unseeded ones where oneDNN keeps rows invariant
+                plan = self._calibrated(self._product_checks(bf16=True), attention)
+                plan = replace(plan, bf16_products=True) if plan is not None else None
+            if plan is None:
+                plan = self._calibrated(checks, attention)
             if plan is None and self.half_weight_products:
                 # fbgemm's fp16 kernels keep rows invariant on the machines measured (multiples of 3 rows);
                 # where they do not, every forward keeps the fp32 products (the copies are dropped)
@@ -255,17 +269,33 @@ class Engine:
             projections += part.projections() if part is not None else []
         return projections
 
-    def _product_checks(self) -> list[tuple[tuple, tuple]]:
+    def _bf16_invariant_products(self) -> int:
+        """Mark the projections whose bf16 product computes each row alike in a call of any row count up to
+        BF16_CALL_ROWS, at any place in it (Projection.bf16_invariant; measured once per shape and process);
+        how many are."""
+        for p in self._projections():
+            if p.bf16 is not None:
+                key = ("bf16 rows", tuple(p.weight.shape), torch.get_num_threads())
+                if key not in CALIBRATIONS:
+                    x = random_rows(BF16_CALL_ROWS, p.in_features, self.device, self.dtype)
+                    CALIBRATIONS[key] = invariant_anywhere(p.bf16_product, x)
+                p.bf16_invariant = bool(CALIBRATIONS[key])
+        return sum(p.bf16_invariant for p in self._projections())
+
+    def _product_checks(self, bf16: bool = False) -> list[tuple[tuple, tuple]]:
         """(kind, (product, in_features, rows to check)) for each distinct kind of matrix product of the
         models (weight shape, layout, rows): the LM heads at decode sizes only, the others at prefill
-        sizes too."""
+        sizes too. bf16: projections with a bf16 copy checked through it (a plan with bf16 products)."""
         decode_rows = self.config.max_num_seqs * (self.num_speculative_tokens * self.decoder_branches + 1)
         heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
         kinds = {}
         for p in self._projections():
             rows = decode_rows if any(p is h for h in heads) else max(decode_rows, 1000)
-            kinds.setdefault((tuple(p.weight.shape), p.input_major, p.half is not None, rows), p)
-        return [(kind, (p.weights_product, p.in_features, kind[-1])) for kind, p in kinds.items()]
+            through_bf16 = bf16 and p.bf16 is not None and p.bf16_invariant
+            kinds.setdefault((tuple(p.weight.shape), p.input_major, p.half is not None, through_bf16, rows),
+                             p)
+        return [(kind, (p.bf16_product if kind[3] else p.weights_product, p.in_features, kind[-1]))
+                for kind, p in kinds.items()]
 
     @property
     def asg_table_paths(self) -> dict[str, Path]:

@@ -71,9 +71,14 @@ def fbgemm_half_available() -> bool:
             and torch.backends.cpu.get_cpu_capability() != "DEFAULT")
 
 
-# Fewest rows a product takes from the bf16 copy of its weights (use_bf16_weights): below, the input's
-# rounding and oneDNN's per-call set-up cost more than the tiles save (bench/results/bf16-weights/)
+# Fewest rows a product takes from the bf16 copy of its weights (use_bf16_weights) outside a batch-invariance
+# plan: below, the input's rounding and oneDNN's per-call set-up cost more than the tiles save
+# (bench/results/bf16-weights/)
 BF16_MIN_ROWS = 16
+# Most rows one oneDNN bf16 call multiplies: within 1-128 rows it computed every row alike whatever the count,
+# on every product shape of the shipped bundle, while from 129 rows the 688 -> 256 product changed blocking
+# (bench/results/bf16-seeded/); larger inputs are multiplied in calls of this many rows
+BF16_CALL_ROWS = 128
 
 
 def onednn_bf16_native() -> bool:
@@ -113,7 +118,11 @@ class Projection:
         self.half = None  # fbgemm's packed fp16 copy of W and b (use_half_weights), or None
         self.bf16 = None  # oneDNN's packed bf16 copy of W (use_bf16_weights), or None
         self.bf16_min_rows = BF16_MIN_ROWS
-        self.invariant = False  # under a batch-invariance plan: the checkpoint's weights only (no bf16)
+        self.invariant = False  # under an active batch-invariance plan
+        # oneDNN computes this product's rows alike at every count up to BF16_CALL_ROWS (measured by the
+        # engine, batch_invariance.invariant_anywhere): plans with bf16 products may take the copy
+        self.bf16_invariant = False
+        self.bf16_in_plan = False  # under the plan now, the bf16 copy at every row count
         # inputs are padded with zero rows to a multiple of this many (engine/batch_invariance.py: the GEMM
         # kernel then computes every row alike whatever the row count); 1 = never
         self.row_quantum = 1
@@ -133,9 +142,10 @@ class Projection:
         """Multiply products of `bf16_min_rows` rows or more from a bf16 copy of W through oneDNN (AMX tiles
         where the CPU has them): inputs rounded to bf16, sums in float32, the product rounded to bf16
         (oneDNN's CPU product returns bf16). Not the checkpoint's numbers (W loses 3 mantissa bits, x and
-        y 16), so a setting whose quality is measured, and never under a batch-invariance plan (oneDNN
-        changes its blocking with the row count: a seeded request's products keep the checkpoint's
-        weights). Where oneDNN multiplies bf16 natively; whether it does now."""
+        y 16), so a setting whose quality is measured. Under a batch-invariance plan that found oneDNN's
+        rows invariant (InvariancePlan.bf16_products, `bf16_invariant`) every row count takes the copy, in
+        calls of at most BF16_CALL_ROWS rows; otherwise the checkpoint's weights. Where oneDNN multiplies bf16
+        natively; whether it does now."""
         if not self.input_major or self.weight.dtype != torch.float32 or not onednn_bf16_native():
             return False
         w = self.weight.t().contiguous().bfloat16()  # [out, in], what oneDNN's linear packs
@@ -143,8 +153,10 @@ class Projection:
         return True
 
     def apply_plan(self, plan: InvariancePlan) -> None:
-        """Rows padded to the plan's quantum; under an active plan the checkpoint's weights only."""
+        """Rows padded to the plan's quantum; under an active plan one product kind at every row count: the
+        bf16 copy where the plan found it invariant, else the checkpoint's weights."""
         self.row_quantum, self.invariant = plan.row_quantum, plan.active
+        self.bf16_in_plan = plan.active and plan.bf16_products and self.bf16_invariant
 
     @property
     def in_features(self) -> int:
@@ -160,10 +172,19 @@ class Projection:
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """The matrix product alone, rows as given."""
-        if self.bf16 is not None and not self.invariant and x.shape[0] >= self.bf16_min_rows:
-            y = torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.bf16, None, "none", [], "").float()
-            return y if self.bias is None else y.add_(self.bias)
+        if self.bf16 is None:
+            return self.weights_product(x)
+        if self.bf16_in_plan if self.invariant else x.shape[0] >= self.bf16_min_rows:
+            return self.bf16_product(x)
         return self.weights_product(x)
+
+    def bf16_product(self, x: torch.Tensor) -> torch.Tensor:
+        """x [R, in] -> [R, out] through the bf16 copy (use_bf16_weights), BF16_CALL_ROWS rows per call at
+        most: what batch_invariance.calibrate measures for a plan with bf16 products."""
+        parts = [torch.ops.mkldnn._linear_pointwise(chunk.bfloat16(), self.bf16, None, "none", [], "")
+                 for chunk in x.split(BF16_CALL_ROWS)]
+        y = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
+        return y if self.bias is None else y.add_(self.bias)
 
     def weights_product(self, x: torch.Tensor) -> torch.Tensor:
         """The product over the checkpoint's own weight values (their fp16 copy or float32), rows as given:

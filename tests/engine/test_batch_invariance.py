@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 from pcgtts.engine import Engine, EngineConfig
-from pcgtts.engine.batch_invariance import PLAIN, ROW_QUANTA, random_rows, rows_invariant
+from pcgtts.engine.batch_invariance import PLAIN, ROW_QUANTA, invariant_anywhere, random_rows, rows_invariant
 from pcgtts.engine.block_manager import SeqBlocks
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -27,14 +27,15 @@ GAMMA = 3
 
 # mirror / gather: attention of each row over its own keys (engine/ops/row_attention.py, the CPU default);
 # sdpa-mirror: torch's attention kernel over the mirror with the plan's padded contexts (compiled ops off);
-# each with the fp16 copy of the bundle's weights (the default), fp32-mirror with MKL's fp32 products
-@pytest.fixture(scope="module", params=["mirror", "gather", "sdpa-mirror", "fp32-mirror"])
+# each with the fp16 copy of the bundle's weights, fp32-mirror with MKL's fp32 products, bf16-mirror with
+# the bf16 copies where oneDNN keeps their rows alike (where it has no native bf16: the fp16 copies)
+@pytest.fixture(scope="module", params=["mirror", "gather", "sdpa-mirror", "fp32-mirror", "bf16-mirror"])
 def engine(request):
     mirror = 0 if request.param == "gather" else (512 << 20)
+    weights = {"fp32-mirror": "fp32", "bf16-mirror": "bf16"}.get(request.param, "fp16")
     return Engine(EngineConfig(target=BUNDLE.target_dir, draft=BUNDLE.draft_dir, num_speculative_tokens=GAMMA,
                                deterministic="always", kv_mirror_bytes=mirror, max_num_seqs=16,
-                               compiled_cpu_ops=request.param != "sdpa-mirror",
-                               cpu_weights="fp32" if request.param == "fp32-mirror" else "fp16"))
+                               compiled_cpu_ops=request.param != "sdpa-mirror", cpu_weights=weights))
 
 
 def use(engine: Engine, plan) -> None:
@@ -198,8 +199,18 @@ def test_feature_head_rows_are_batch_invariant(engine):
 def test_each_projection_is_row_invariant_at_the_calibrated_quantum(engine):
     q = engine.invariance.row_quantum
     assert q in ROW_QUANTA
+    use(engine, engine.invariance)
     for p in engine.target.model.projections() + engine.head.projections():
         assert rows_invariant(p.product, random_rows(64, p.in_features, engine.device, engine.dtype), q)
+
+
+def test_invariant_anywhere_catches_rows_that_depend_on_their_count_or_their_place():
+    """The start-up check of bf16 products: a row-by-row function passes; one whose rows change with the
+    call's row count, or with a row's place in the call (past the first 16 rows only), fails."""
+    x = torch.randn(40, 8)
+    assert invariant_anywhere(lambda t: t * 2.0 + 1.0, x)
+    assert not invariant_anywhere(lambda t: t * len(t), x)
+    assert not invariant_anywhere(lambda t: torch.cat([t[:16], t[16:] * (1 + 2 ** -20)]), x)
 
 
 CALIBRATE = """

@@ -168,13 +168,15 @@ def test_half_weights_only_where_exact_and_products_agree_with_fp32():
 
 @pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).onednn_bf16_native(),
                     reason="oneDNN multiplies bf16 natively only with AMX or AVX512-BF16")
-def test_bf16_products_at_batch_round_inputs_and_weights_and_never_under_a_plan():
+def test_bf16_products_at_batch_round_inputs_and_weights_and_under_a_plan_only_where_rows_stay_alike():
     """A bf16 copy of W serves products of BF16_MIN_ROWS rows or more: each is the float32 product of the
     bf16-rounded inputs and weights, rounded to bf16, and differs from the float32 product by those
-    roundings; fewer rows, and every product under an active batch-invariance plan, are the checkpoint
-    weights' product bit for bit. A tied head (W as given) and fp16 compute make no copy."""
+    roundings; fewer rows are the checkpoint weights' product bit for bit. Under an active batch-invariance
+    plan one kind serves every row count: the bf16 copy (in calls of at most BF16_CALL_ROWS rows) where the
+    plan has bf16 products and this projection's rows were found invariant, else the checkpoint weights'.
+    A tied head (W as given) and fp16 compute make no copy."""
     from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
-    from pcgtts.engine.model.llama import BF16_MIN_ROWS, Projection
+    from pcgtts.engine.model.llama import BF16_CALL_ROWS, BF16_MIN_ROWS, Projection
 
     torch.manual_seed(0)
     weight, bias = torch.randn(96, 64).half().float(), torch.randn(96)
@@ -194,22 +196,33 @@ def test_bf16_products_at_batch_round_inputs_and_weights_and_never_under_a_plan(
         proj.apply_plan(InvariancePlan(row_quantum=4, key_tile=512))
         assert torch.equal(proj(x), proj.weights_product(x))
         proj.apply_plan(PLAIN)
+    with_bf16 = InvariancePlan(row_quantum=4, key_tile=512, bf16_products=True)
+    x = torch.randn(2 * BF16_CALL_ROWS + 8, 64)
+    calls = [proj.bf16_product(part) for part in x.split(BF16_CALL_ROWS)]
+    for invariant in (True, False):
+        proj.bf16_invariant = invariant
+        proj.apply_plan(with_bf16)
+        for rows in (4, 8, len(x)):  # every row count takes one kind; long inputs in calls of 128 rows
+            expected = torch.cat(calls)[:rows] if invariant else proj.weights_product(x[:rows])
+            assert torch.equal(proj(x[:rows]), expected), (invariant, rows)
+    proj.apply_plan(PLAIN)
     assert not Projection(weight, copy=False).use_bf16_weights()
     assert not Projection(weight.half()).use_bf16_weights()
 
 
 @pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).onednn_bf16_native(),
                     reason="oneDNN multiplies bf16 natively only with AMX or AVX512-BF16")
-def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
-    """cpu_weights="bf16": every projection but the LM heads (logits keep float32 sums) gets a bf16 copy,
-    and steps with seeded requests (a
-    batch-invariance plan) give the tokens the fp16 engine gives, at a batch whose verify forwards have
-    the rows (6 x (γ+1) = 24) that would take the bf16 products outside a plan; unseeded, the same batch
-    decodes through them (its logits move by bf16's rounding)."""
+def test_bf16_engine_takes_bf16_in_seeded_steps_only_where_oneDNN_keeps_rows_alike(tmp_path):
+    """cpu_weights="bf16": every projection but the LM heads (logits keep float32 sums) gets a bf16 copy;
+    at start-up the engine marks those whose bf16 rows come out alike in any call of up to BF16_CALL_ROWS
+    rows, wherever they sit (measured again here), and its batch-invariance plan has bf16 products iff
+    some are. Seeded requests give the same tokens one at a time as together (6 x (γ+1) = 24 rows a verify
+    forward, what takes bf16 outside a plan); unseeded, the same batch decodes through the bf16 copies
+    (its logits move by bf16's rounding)."""
     from engine_support import engine_config, save_draft_from
     from pcgtts.engine import Engine, SamplingParams
-    from pcgtts.engine.batch_invariance import PLAIN
-    from pcgtts.engine.model.llama import BF16_MIN_ROWS
+    from pcgtts.engine.batch_invariance import PLAIN, invariant_anywhere, random_rows
+    from pcgtts.engine.model.llama import BF16_CALL_ROWS, BF16_MIN_ROWS
 
     target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
     draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
@@ -225,9 +238,16 @@ def test_bf16_engine_keeps_seeded_requests_on_the_checkpoint_weights(tmp_path):
     heads = [bf16.target.model.lm_head, bf16.draft.model.lm_head]
     assert all(p.bf16 is None for p in heads) and fp16.bf16_weight_products == 0
     assert bf16.bf16_weight_products == len(bf16._projections()) - len(heads) > 0
+    copies = [p for p in bf16._projections() if p.bf16 is not None]
+    for p in copies:
+        x = random_rows(BF16_CALL_ROWS, p.in_features, bf16.device, bf16.dtype)
+        assert p.bf16_invariant == invariant_anywhere(p.bf16_product, x)
+    assert bf16.invariance.bf16_products == any(p.bf16_invariant for p in copies)
+    assert not fp16.invariance.bf16_products
     assert bf16.invariance.active and 6 * 4 >= BF16_MIN_ROWS
-    assert [g.token_ids for g in bf16.generate(prompts, seeded)] == \
-        [g.token_ids for g in fp16.generate(prompts, seeded)]
+    one_at_a_time = [bf16.generate([prompt], [params])[0].token_ids
+                     for prompt, params in zip(prompts, seeded, strict=True)]
+    assert [g.token_ids for g in bf16.generate(prompts, seeded)] == one_at_a_time
     qkv = bf16.target.model.layers[0].qkv
     qkv.apply_plan(PLAIN)  # an unseeded step's shape
     x = torch.randn(6 * 4, qkv.in_features)
