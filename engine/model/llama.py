@@ -181,9 +181,11 @@ class Projection:
     def bf16_product(self, x: torch.Tensor) -> torch.Tensor:
         """x [R, in] -> [R, out] through the bf16 copy (use_bf16_weights), BF16_CALL_ROWS rows per call at
         most: what batch_invariance.calibrate measures for a plan with bf16 products."""
-        parts = [torch.ops.mkldnn._linear_pointwise(chunk.bfloat16(), self.bf16, None, "none", [], "")
-                 for chunk in x.split(BF16_CALL_ROWS)]
-        y = (parts[0] if len(parts) == 1 else torch.cat(parts)).float()
+        def call(rows: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(rows.bfloat16(), self.bf16, None, "none", [], "")
+
+        y = call(x) if x.shape[0] <= BF16_CALL_ROWS else torch.cat([call(c) for c in x.split(BF16_CALL_ROWS)])
+        y = y.float()
         return y if self.bias is None else y.add_(self.bias)
 
     def weights_product(self, x: torch.Tensor) -> torch.Tensor:
