@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from pcgtts.bench.common import DecodeTally, machine, write_json
+from pcgtts.bench.common import DecodeTally, machine, speedup_cell, timing_cells, write_json
 from pcgtts.engine import Generation
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -40,6 +40,15 @@ def test_machine_record_and_result_file(tmp_path):
     assert record["cores"] >= 1 and record["cpu"]
     path = write_json(tmp_path / "new" / "result.json", {"machine": record, "rows": [1.5]})
     assert path.read_text().endswith("\n") and json.loads(path.read_text())["machine"] == record
+
+
+def test_side_by_side_cells_are_the_medians_and_the_per_repeat_ratios():
+    """A side-by-side table's cells: the median of the per-repeat base / this ratios and their range, and
+    each side's median time in ms."""
+    base, this = [0.030, 0.020, 0.050], [0.015, 0.020, 0.025]  # ratios 2.0, 1.0, 2.0
+    assert speedup_cell(base, this) == "2.00x (1.00-2.00)"
+    assert timing_cells(base, this) == "30.0 | 20.0 | 2.00x (1.00-2.00)"
+    assert timing_cells([0.001], [0.002], digits=2) == "1.00 | 2.00 | 0.50x (0.50-0.50)"
 
 
 def bench_sources() -> dict[str, str]:

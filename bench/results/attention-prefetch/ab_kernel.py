@@ -27,7 +27,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from numba import njit
-from pcgtts.bench.common import batched, bundle_engine, machine, speech_requests, speedup_cell, write_json
+from pcgtts.bench.common import (
+    batched,
+    bundle_engine,
+    machine,
+    speech_requests,
+    timing_cells,
+    write_json,
+)
 from pcgtts.engine.ops import kernel, row_attention
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -197,8 +204,7 @@ def main() -> None:
     for r in recorded:
         base, this = r["seconds"]["base"], r["seconds"]["this"]
         lines.append(f"| {r['rule']} | {r['batch']} | {r['calls']} | {r['query_tokens']} | "
-                     f"{1e3 * statistics.median(base):.1f} | {1e3 * statistics.median(this):.1f} | "
-                     f"{speedup_cell(base, this)} | {'yes' if r['same_bits'] else 'NO'} |")
+                     f"{timing_cells(base, this)} | {'yes' if r['same_bits'] else 'NO'} |")
     (args.out / "ab_kernel.md").write_text("\n".join(lines) + "\n")
 
 

@@ -20,7 +20,15 @@ import time
 from pathlib import Path
 
 import torch
-from pcgtts.bench.common import batched, bundle_engine, machine, speech_requests, speedup_cell, write_json
+from pcgtts.bench.common import (
+    batched,
+    bundle_engine,
+    machine,
+    speech_requests,
+    speedup_cell,
+    timing_cells,
+    write_json,
+)
 from pcgtts.engine.block_manager import SeqBlocks
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
@@ -121,9 +129,7 @@ def main() -> None:
               "",
               "| shape | fp16 ms | bf16 ms | fp16 / bf16 (range) |", "| --- | --- | --- | --- |"]
     for shape, times in result["forwards"].items():
-        lines.append(f"| {shape} | {1e3 * statistics.median(times['fp16']):.2f} | "
-                     f"{1e3 * statistics.median(times['bf16']):.2f} | "
-                     f"{speedup_cell(times['fp16'], times['bf16'])} |")
+        lines.append(f"| {shape} | {timing_cells(times['fp16'], times['bf16'], digits=2)} |")
     (args.out / "ab_seeded.md").write_text("\n".join(lines) + "\n")
 
 
