@@ -229,8 +229,9 @@ class Engine:
             return PLAIN
         attends = "each row's own attention" if attention is None else \
             f"attention queries of {plan.query_quantum}, key blocks of {plan.min_keys}-{plan.key_tile} keys"
-        log.info("batch-invariant forwards (%s): GEMM rows padded to a multiple of %d, %s", mode,
-                 plan.row_quantum, attends)
+        bf16 = sum(p.bf16_invariant for p in self._projections()) if plan.bf16_products else 0
+        log.info("batch-invariant forwards (%s): GEMM rows padded to a multiple of %d, %s; %d projections "
+                 "through their bf16 copies", mode, plan.row_quantum, attends, bf16)
         return plan
 
     def _calibrated(self, checks: list[tuple[tuple, tuple]], attention: tuple | None
