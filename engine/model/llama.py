@@ -75,9 +75,9 @@ def fbgemm_half_available() -> bool:
 # plan: below, the input's rounding and oneDNN's per-call set-up cost more than the tiles save
 # (bench/results/bf16-weights/)
 BF16_MIN_ROWS = 16
-# Most rows one oneDNN bf16 call multiplies: within 1-128 rows it computed every row alike whatever the count,
-# on every product shape of the shipped bundle, while from 129 rows the 688 -> 256 product changed blocking
-# (bench/results/bf16-seeded/); larger inputs are multiplied in calls of this many rows
+# Most rows one oneDNN bf16 call multiplies, and the calls the engine's start-up check of a projection's
+# rows covers (batch_invariance.invariant_anywhere): past 128 rows the 688 -> 256 product also changed
+# blocking with the count (bench/results/bf16-seeded/); larger inputs are multiplied in calls of this many
 BF16_CALL_ROWS = 128
 
 
@@ -190,7 +190,8 @@ class Projection:
 
     def weights_product(self, x: torch.Tensor) -> torch.Tensor:
         """The product over the checkpoint's own weight values (their fp16 copy or float32), rows as given:
-        what batch-invariant forwards take and batch_invariance.calibrate measures."""
+        what batch-invariant forwards take (but for projections a plan with bf16 products sends through
+        their copy) and batch_invariance.calibrate measures."""
         if self.half is not None and x.shape[0] >= HALF_MIN_ROWS:
             return torch.ops.quantized.linear_dynamic_fp16(x, self.half)
         if not self.input_major:
