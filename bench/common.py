@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +165,14 @@ def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens:
 def batched(prompts: list, params: list, batch_size: int) -> list[tuple[list, list]]:
     """The prompts (and their params) in consecutive batches of `batch_size`."""
     return [(prompts[i:i + batch_size], params[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
+
+
+def timed_decode(engine: Engine, prompts: list, params: list, batch_size: int
+                 ) -> tuple[list[list[int]], float]:
+    """Each prompt's tokens, decoded in consecutive batches of `batch_size`, and the wall seconds it took."""
+    start = time.perf_counter()
+    tokens = [g.token_ids for p, s in batched(prompts, params, batch_size) for g in engine.generate(p, s)]
+    return tokens, time.perf_counter() - start
 
 
 def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int = 3,

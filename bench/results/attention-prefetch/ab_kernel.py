@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from numba import njit
 from pcgtts.bench.common import (
-    batched,
     bundle_engine,
     machine,
     speech_requests,
+    timed_decode,
     timing_cells,
     write_json,
 )
@@ -108,14 +108,6 @@ def time_kernels(kernels: dict, calls: list[tuple], repeats: int) -> dict:
     return {"seconds": seconds, "same_bits": same}
 
 
-def decode(engine, prompts, params, batch):
-    start = time.perf_counter()
-    tokens = []
-    for p, s in batched(prompts, params, batch):
-        tokens += [g.token_ids for g in engine.generate(p, s)]
-    return tokens, time.perf_counter() - start
-
-
 def same_tokens(same: bool | None) -> str:
     return "—" if same is None else "yes" if same else "NO"
 
@@ -167,7 +159,7 @@ def main() -> None:
                     for name, fn in kernels.items():
                         row_attention._attend_rows = fn
                         clock.seconds = 0.0
-                        tokens, wall = decode(engine, prompts, params, batch)
+                        tokens, wall = timed_decode(engine, prompts, params, batch)
                         outputs[name] = tokens
                         runs[name].append({"tokens_per_s": sum(map(len, tokens)) / wall,
                                            "attention_share": clock.seconds / wall})

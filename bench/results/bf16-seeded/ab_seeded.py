@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 from pcgtts.bench.common import (
-    batched,
     bundle_engine,
     machine,
     speech_requests,
     speedup_cell,
+    timed_decode,
     timing_cells,
     write_json,
 )
@@ -33,14 +33,6 @@ from pcgtts.engine.block_manager import SeqBlocks
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 WEIGHTS = ("fp16", "bf16")
-
-
-def decode(engine, prompts, params, batch: int) -> tuple[list[list[int]], float]:
-    start = time.perf_counter()
-    tokens = []
-    for p, s in batched(prompts, params, batch):
-        tokens += [g.token_ids for g in engine.generate(p, s)]
-    return tokens, time.perf_counter() - start
 
 
 def forward_seconds(engines: dict, shapes: list[tuple[int, int]], repeats: int, context: int = 200) -> dict:
@@ -100,10 +92,10 @@ def main() -> None:
             tokens = {}
             for i in range(args.repeats):
                 for w in (WEIGHTS if i % 2 == 0 else WEIGHTS[::-1]):
-                    tokens[w], s = decode(engines[w], prompts[:n], params[:n], batch)
+                    tokens[w], s = timed_decode(engines[w], prompts[:n], params[:n], batch)
                     seconds[w].append(s)
             count = sum(len(t) for t in tokens["bf16"])
-            alone = tokens if batch == 1 else {w: decode(engines[w], prompts[:n], params[:n], 1)[0]
+            alone = tokens if batch == 1 else {w: timed_decode(engines[w], prompts[:n], params[:n], 1)[0]
                                                for w in WEIGHTS}
             row = {"rule": rule, "batch": batch, "utterances": n, "tokens": count, "seconds": seconds,
                    "tok_s": {w: count / statistics.median(seconds[w]) for w in WEIGHTS},
