@@ -167,7 +167,9 @@ class Projection:
         (e.g. attention's output sliced from padded queries) would otherwise run as a batched product of
         one-row GEMMs, each row by the kernel of a one-row product."""
         rows = x.numel() // x.shape[-1]
-        y = self.product(pad_rows(x.reshape(rows, x.shape[-1]), self.row_quantum))
+        # a bf16 product under the plan computes rows alike at any count (bf16_invariant): nothing to pad
+        quantum = 1 if self.bf16_in_plan else self.row_quantum
+        y = self.product(pad_rows(x.reshape(rows, x.shape[-1]), quantum))
         return y[:rows].view(*x.shape[:-1], y.shape[-1])
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
