@@ -292,7 +292,7 @@ class Engine:
         kinds = {}
         for p in self._projections():
             rows = decode_rows if any(p is h for h in heads) else max(decode_rows, 1000)
-            through_bf16 = bf16 and p.bf16 is not None and p.bf16_invariant
+            through_bf16 = bf16 and p.bf16_invariant  # marked only where a copy exists
             kinds.setdefault((tuple(p.weight.shape), p.input_major, p.half is not None, through_bf16, rows),
                              p)
         return [(kind, (p.bf16_product if kind[3] else p.weights_product, p.in_features, kind[-1]))
