@@ -131,12 +131,30 @@ async def run_level(url: str, concurrency: int, args: argparse.Namespace) -> dic
 
 
 def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process and its threads so far (Linux /proc; None elsewhere)."""
+    """User + system CPU seconds so far of a process, its threads and its live child processes (the
+    server's codec processes, tts/codec_process.py) (Linux /proc; None elsewhere)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return sum(_own_cpu_seconds(p) for p in _process_tree(pid))
     except (OSError, ValueError, IndexError, TypeError):
         return None
+
+
+def _own_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_tree(pid: int) -> list[int]:
+    """pid and its descendants (from each thread's `children` list)."""
+    tree, i = [int(pid)], 0
+    while i < len(tree):
+        for task in Path(f"/proc/{tree[i]}/task").iterdir():
+            try:
+                tree.extend(int(c) for c in (task / "children").read_text().split())
+            except OSError:  # the thread ended meanwhile
+                pass
+        i += 1
+    return tree
 
 
 METRICS = {"pcgtts:spec_decode_num_draft_tokens_total": "drafted",

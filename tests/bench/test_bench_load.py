@@ -36,6 +36,29 @@ def level(concurrency: int, ttfa: float, stall: float, failed: int = 0) -> dict:
     return summarize(concurrency, ok, failed, wall=4.0)
 
 
+def test_server_cpu_counts_its_child_processes():
+    """The server's codec runs in child processes (tts/codec_process.py): their CPU time is the server's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pcgtts.bench.load_test import cpu_seconds
+
+    burn = "import time\nend = time.process_time() + 1\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", spawn], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while cpu_seconds(parent.pid) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cpu_seconds(parent.pid) >= 1.0  # the parent itself only waits: the second is its child's
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the child too
+        parent.wait()
+
+
 def test_capacity_is_the_largest_level_meeting_both_targets_with_all_below_it():
     rows = [level(1, 0.3, 0.0), level(4, 0.6, 0.1), level(8, 0.9, 0.2), level(12, 1.1, 0.0),
             level(16, 0.5, 0.0)]
