@@ -81,6 +81,10 @@ class ServerSettings:
     max_tokens: int = _opt(TTSConfig.max_tokens, "default cap on speech tokens per sentence")
     decode_threads: int = _opt(TTSConfig.decode_threads,
                                "codec decode threads (streams are spread over them; add with spare cores)")
+    codec_process: str = _opt(TTSConfig.codec_process, "where the codec runs: process (a process of its own "
+                              "per decode thread, so codec and engine never wait for each other's "
+                              "interpreter lock) | thread (in the server's process) | auto (process on the "
+                              "CPU device)")
     initial_codec_chunk_frames: int | None = _opt(TTSConfig.initial_codec_chunk_frames,
                                                   "frames in the codec's first block (smaller: earlier "
                                                   "first audio, thinner early buffer); default: codec's")

@@ -6,6 +6,7 @@ The server and the `pcgtts synth` CLI use only what this module exports; one req
     service.py      TTSService (loads a bundle, starts the engine) and TTSConfig
     synthesis.py    one request: its segments generated one after another, streamed as audio chunks
     decode_pool.py  the codec threads, batched across streams
+    codec_process.py  the codec in a child process of its own (no shared interpreter lock with the engine)
     text.py         where sentences end (whole inputs and text still arriving), and cutting them into segments
     feed.py         TextFeed: an utterance's text while it still arrives, spoken sentence by sentence
     bundle.py       a model bundle's manifest: family, codec, target/draft, ASG tables, voices

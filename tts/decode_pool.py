@@ -8,13 +8,13 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 from pcgtts.engine.codec.base import Codec, StreamingDecoder
-from pcgtts.engine.faults import is_device_fault
 from pcgtts.engine.torch_threads import adopt_torch_threads
+from pcgtts.tts.codec_process import CodecProcess, CodecRecipe, RemoteDecoder, decode_isolated
 
 
 @dataclass
@@ -40,40 +40,66 @@ class DecodePool:
     decoder is pinned to one thread; decoders are spread over the threads round-robin. One thread suits a
     2-core CPU (the engine has its own).
 
+    With a `CodecRecipe` each thread hands its batches to a codec process of its own (tts/codec_process.py:
+    the codec then does not wait for the interpreter lock the engine thread holds), and its streams'
+    decoders live there; `streaming_decoder` gives the handles.
+
     Jobs are taken earliest deadline first: a stream's deadline is when its listener would run out of
     audio, and streams with no audio yet come before all others, so first chunks overtake streams that
     have audio buffered (time to first audio under concurrency). A stream has at most one job pending (it
     awaits each), so its own jobs still run in order and a batch holds each stream at most once.
 
-    One stream's failure is its own: before a batched call each decoder's state is saved
-    (`StreamingDecoder.checkpoint`); when the call raises, every stream is restored and decoded alone, so
-    only the streams whose own decode fails get the exception (e.g. codes a codec cannot take), and the
-    others get their audio as if nothing happened.
+    One stream's failure is its own (`decode_isolated`): only the streams whose own decode fails get the
+    exception (e.g. codes a codec cannot take), and the others get their audio as if nothing happened.
     """
 
-    def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16):
+    def __init__(self, codec: Codec, threads: int = 1, max_batch: int = 16,
+                 process: CodecRecipe | None = None):
         self.codec = codec
         self.max_batch = max(1, max_batch)
-        self._queues: list[queue.PriorityQueue] = [queue.PriorityQueue() for _ in range(max(1, threads))]
+        count = max(1, threads)
+        self._queues: list[queue.PriorityQueue] = [queue.PriorityQueue() for _ in range(count)]
+        self._workers = [CodecProcess(process, slot) for slot in range(count)] if process else []
         self._order = itertools.count()  # ties (equal deadlines) go first come, first served
-        self._threads = [threading.Thread(target=self._run, args=(q,), name=f"pcgtts-codec-{i}", daemon=True)
-                         for i, q in enumerate(self._queues)]
-        self._next = itertools.cycle(range(len(self._queues)))
+        self._threads = [threading.Thread(target=self._run, args=(slot,), name=f"pcgtts-codec-{slot}",
+                                          daemon=True) for slot in range(count)]
+        self._next = itertools.cycle(range(count))
         self._pinned: weakref.WeakKeyDictionary[StreamingDecoder, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self.stats = CodecStats()  # running totals, read by the metrics endpoint
         for thread in self._threads:
             thread.start()
 
-    async def push(self, decoder: StreamingDecoder, codes: np.ndarray | None,
+    @property
+    def in_process(self) -> bool:
+        """Whether the codec runs in a process of its own (else on these threads)."""
+        return bool(self._workers)
+
+    def wait_ready(self) -> None:
+        """Blocks until every codec process has loaded its codec (raises CodecProcessError if one failed)."""
+        for worker in self._workers:
+            worker.wait_ready()
+
+    def streaming_decoder(self) -> StreamingDecoder | RemoteDecoder:
+        """A new stream's decoder: the codec's own, or a handle on one in a codec process."""
+        if not self._workers:
+            return self.codec.streaming_decoder()
+        with self._lock:
+            slot = next(self._next)
+        return self._workers[slot].new_decoder()
+
+    async def push(self, decoder: StreamingDecoder | RemoteDecoder, codes: np.ndarray | None,
                    deadline: float = 0.0) -> tuple[np.ndarray, float]:
         """Feeds codes to the stream's decoder (None = flush) -> (final audio so far, seconds of codec time
         charged to it: its batch's time split evenly). deadline: time.perf_counter() value by which the
         stream needs more audio."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        with self._lock:
-            slot = self._pinned.setdefault(decoder, next(self._next))
+        if isinstance(decoder, RemoteDecoder):
+            slot = decoder.slot
+        else:
+            with self._lock:
+                slot = self._pinned.setdefault(decoder, next(self._next))
         self._queues[slot].put((deadline, next(self._order), (decoder, codes, loop, future)))
         return await future
 
@@ -93,43 +119,23 @@ class DecodePool:
             stop = True
         return batch, stop
 
-    def _run(self, jobs: queue.PriorityQueue) -> None:
+    def _run(self, slot: int) -> None:
         adopt_torch_threads()
+        jobs = self._queues[slot]
+        decode = self._workers[slot].decode if self._workers else partial(decode_isolated, self.codec)
         stop = False
         while not stop:
             batch, stop = self._take(jobs)
             if not batch:
                 continue
             start = time.perf_counter()
-            work = [(decoder, codes) for decoder, codes, _, _ in batch]
-            saved = [decoder.checkpoint() for decoder, _ in work] if len(work) > 1 else None
-            try:
-                audio = self.codec.decode_streams(work)
-                share = (time.perf_counter() - start) / len(batch)
-                results = [((np.asarray(a, dtype=np.float32), share), None) for a in audio]
-            except Exception as exc:  # a fault that is nobody's (memory) fails all; else find whose it is
-                alone = saved is None or is_device_fault(exc)
-                results = [(None, exc)] * len(work) if alone else self._one_by_one(work, saved)
+            results = decode([(decoder, codes) for decoder, codes, _, _ in batch])
             self.stats.record(len(batch), time.perf_counter() - start)
             for (_, _, loop, future), (result, error) in zip(batch, results, strict=True):
                 try:
                     loop.call_soon_threadsafe(_resolve, future, result, error)
                 except RuntimeError:  # the stream's event loop is gone
                     pass
-
-    def _one_by_one(self, work: list[tuple[StreamingDecoder, np.ndarray | None]],
-                    saved: list[Callable[[], None]]) -> list[tuple]:
-        """After a failed batched call: each stream from its saved state, alone -> (result, error) each."""
-        results = []
-        for (decoder, codes), restore in zip(work, saved, strict=True):
-            restore()
-            start = time.perf_counter()
-            try:
-                audio = self.codec.decode_streams([(decoder, codes)])[0]
-                results.append(((np.asarray(audio, dtype=np.float32), time.perf_counter() - start), None))
-            except Exception as exc:  # this stream's own failure
-                results.append((None, exc))
-        return results
 
     def snapshot(self) -> CodecStats:
         return replace(self.stats)
@@ -139,6 +145,8 @@ class DecodePool:
             jobs.put((float("inf"), next(self._order), None))
         for thread in self._threads:
             thread.join(timeout=5)
+        for worker in self._workers:
+            worker.close()
 
 
 def _resolve(future: asyncio.Future, result, error) -> None:

@@ -39,6 +39,7 @@ from pcgtts.engine.metrics import EngineMetrics
 from pcgtts.engine.speech.base import SpeechFamily, VoicePrompt
 from pcgtts.engine.streaming import StreamingEngine
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
+from pcgtts.tts.codec_process import CodecRecipe
 from pcgtts.tts.decode_pool import CodecStats, DecodePool
 from pcgtts.tts.errors import InvalidOptions, NothingToSay
 from pcgtts.tts.feed import TextFeed
@@ -82,6 +83,10 @@ class TTSConfig:
     cpu_kv: str = EngineConfig.cpu_kv  # eager CPU rows-attention K/V store: fp16 | fp32 (EngineConfig)
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams
+    # Where the codec runs: "process" (a child process per codec thread: the codec and the engine do not
+    # wait for each other's interpreter lock, tts/codec_process.py), "thread" (in this process), or "auto"
+    # (a process on the CPU device; on CUDA the codec shares the engine's GPU context in-process).
+    codec_process: str = "auto"
     # Frames of the first codec block (smaller: earlier first audio, thinner early buffer); None = the
     # codec's own. Only block codecs (the demo codec) have one.
     initial_codec_chunk_frames: int | None = None
@@ -93,6 +98,22 @@ class TTSConfig:
 
 
 ENGINES = ("builtin", "vllm")
+CODEC_PLACES = ("auto", "process", "thread")
+
+
+def _codec_recipe(config: TTSConfig, bundle: ModelBundle) -> CodecRecipe | None:
+    """How a codec process loads the service's codec, or None where the codec runs on the service's threads
+    (TTSConfig.codec_process)."""
+    if config.codec_process not in CODEC_PLACES:
+        raise ValueError(f"codec_process must be one of {CODEC_PLACES}, not {config.codec_process!r}")
+    if config.codec_process == "thread" or (config.codec_process == "auto" and config.device != "cpu"):
+        return None
+    import torch
+
+    return CodecRecipe(model_dir=Path(config.model_dir),
+                       codec_dir=Path(config.codec_dir) if config.codec_dir else None,
+                       first_block_frames=config.initial_codec_chunk_frames,
+                       torch_threads=torch.get_num_threads())
 
 
 def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechFamily):
@@ -136,7 +157,8 @@ def _dir_digest(path: Path | None, limit: int = 256 << 20) -> str:
 
 class TTSService:
     def __init__(self, config: TTSConfig, bundle: ModelBundle, family: SpeechFamily, codec: Codec,
-                 engine: StreamingEngine, presets: dict[str, VoicePrompt]):
+                 engine: StreamingEngine, presets: dict[str, VoicePrompt],
+                 codec_recipe: CodecRecipe | None = None):
         self.config = config
         self.bundle = bundle
         self.family = family
@@ -146,7 +168,7 @@ class TTSService:
         self.sample_rate = int(codec.sample_rate)
         self.model_id = Path(bundle.root).name
         self.codec_key = f"{bundle.codec_name}-{_dir_digest(bundle.codec_dir)}"
-        self.decoder = DecodePool(codec, config.decode_threads)
+        self.decoder = DecodePool(codec, config.decode_threads, process=codec_recipe)
         self._voice_prefixes: OrderedDict[bytes, list[int]] = OrderedDict()  # non-preset voice -> prefix
         self._voice_prefixes_lock = threading.Lock()  # pin_voice runs on worker threads, several at once
 
@@ -166,6 +188,7 @@ class TTSService:
         codec = bundle.load_codec(device=config.device, semantic_model=config.semantic_model)
         if config.initial_codec_chunk_frames is not None:
             codec.set_first_block_frames(config.initial_codec_chunk_frames)
+        recipe = _codec_recipe(config, bundle)
         use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
         asg = config.asg_table or bundle.asg_table
         engine_config = EngineConfig(
@@ -192,10 +215,15 @@ class TTSService:
         )
         engine = AsyncEngine(engine_config) if config.engine == "builtin" else \
             _vllm_engine(config, engine_config, family)
-        service = cls(config, bundle, family, codec, engine, {})
-        service._presets = service._load_presets()
-        service._pin_presets()
-        _ = service.default_sampling  # a bad manifest fails at load, not on the first request
+        service = cls(config, bundle, family, codec, engine, {}, codec_recipe=recipe)
+        try:
+            service._presets = service._load_presets()
+            service._pin_presets()
+            _ = service.default_sampling  # a bad manifest fails at load, not on the first request
+            service.decoder.wait_ready()  # a codec process that cannot load fails start-up, not a request
+        except BaseException:
+            service.decoder.close()
+            raise
         return service
 
     def _load_presets(self) -> dict[str, VoicePrompt]:
@@ -441,7 +469,7 @@ class TTSService:
             sample_rate=self.sample_rate, frame_rate=self.codec.frame_rate,
             sentence_pause_s=self.config.sentence_pause_s, build_prompt=self.family.build_prompt,
             tokens_to_codes=self.family.tokens_to_codes, sampling_params=self.sampling_params,
-            streaming_decoder=self.codec.streaming_decoder, decode=self.decoder.push,
+            streaming_decoder=self.decoder.streaming_decoder, decode=self.decoder.push,
             stream=self.engine.stream, set_deadline=self.engine.set_deadline,
             encode_voice=self.encode_voice, pin_voice=self.pin_voice,
             first_audio_max_hold_s=self.config.first_audio_max_hold_s)
