@@ -151,3 +151,45 @@ def test_codec_process_setting_is_checked(demo_bundle):
 
     with pytest.raises(ValueError, match="codec_process must be one of"):
         TTSService.load(TTSConfig(model_dir=demo_bundle, codec_process="elsewhere"))
+
+
+def test_a_codec_process_outlives_no_parent(demo_bundle, tmp_path):
+    """A server killed outright (SIGKILL: nothing of it runs) leaves no codec process behind: the child sees
+    its socket close and exits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = (f"from pcgtts.tts.codec_process import CodecProcess, CodecRecipe\n"
+              f"worker = CodecProcess(CodecRecipe(model_dir={str(demo_bundle)!r}))\n"
+              f"worker.wait_ready()\n"
+              f"open({str(pid_file)!r}, 'w').write(str(worker._process.pid))\n"
+              f"import time; time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(child)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (not a zombie: an orphan is reaped by init, or shows state Z)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
