@@ -126,6 +126,8 @@ class EngineCollector:
             ("codec_decode_stream_jobs", "Stream jobs served by codec calls (/ calls = mean batch).",
              codec.stream_jobs),
             ("codec_decode_seconds", "Seconds spent in codec decode calls.", codec.seconds),
+            ("codec_process_restarts", "Codec processes that died and were replaced (their streams failed).",
+             codec.process_restarts),
         ):
             c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
             c.add_metric([self._model], float(value))

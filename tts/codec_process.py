@@ -19,6 +19,7 @@ the next message.
 from __future__ import annotations
 
 import itertools
+import logging
 import pickle
 import socket
 import subprocess
@@ -34,6 +35,8 @@ from pathlib import Path
 import numpy as np
 from pcgtts.engine.codec.base import Codec, StreamingDecoder
 from pcgtts.engine.faults import is_device_fault
+
+log = logging.getLogger("pcgtts.codec")
 
 # (audio float32 [samples], codec seconds charged to the stream) or None, and the stream's error or None
 Result = tuple[tuple[np.ndarray, float] | None, BaseException | None]
@@ -120,6 +123,7 @@ class CodecProcess:
         self._closed: list[int] = []  # streams whose handles are gone, dropped with the next message
         self._lock = threading.Lock()
         self.generation = 0
+        self.restarts = 0  # children that died and were replaced
         self.child_streams = 0  # decoders the child held after the last batch (handles gone are dropped)
         self._start()
 
@@ -194,6 +198,9 @@ class CodecProcess:
             self.generation += 1
             self._closed = []
         code = self._stop_child(timeout=1.0)
+        self.restarts += 1
+        log.warning("codec process %d exited (code %s): its streams fail, a new one takes the next",
+                    self.slot, code)
         self._start()
         return code
 

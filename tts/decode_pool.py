@@ -24,6 +24,7 @@ class CodecStats:
     calls: int = 0
     stream_jobs: int = 0
     seconds: float = 0.0
+    process_restarts: int = 0  # codec processes that died and were replaced (tts/codec_process.py)
 
     def record(self, jobs: int, seconds: float) -> None:
         self.calls += 1
@@ -138,7 +139,7 @@ class DecodePool:
                     pass
 
     def snapshot(self) -> CodecStats:
-        return replace(self.stats)
+        return replace(self.stats, process_restarts=sum(worker.restarts for worker in self._workers))
 
     def close(self) -> None:
         for jobs in self._queues:

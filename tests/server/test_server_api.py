@@ -275,6 +275,7 @@ def test_metrics_after_traffic(client, live_server):
     calls = value("pcgtts:codec_decode_calls", "_total")
     assert 0 < calls <= value("pcgtts:codec_decode_stream_jobs", "_total")  # a call serves >= 1 stream
     assert value("pcgtts:codec_decode_seconds", "_total") > 0
+    assert value("pcgtts:codec_process_restarts", "_total") == 0
     queries = value("pcgtts:prefix_cache_queries", "_total")
     assert queries > 0 and 0 < value("pcgtts:prefix_cache_hits", "_total") <= queries  # one preset voice
     assert value("pcgtts:audio_buffer_headroom_seconds", "_count") > 0

@@ -132,6 +132,7 @@ def test_a_codec_process_that_dies_costs_only_its_streams(codec, demo_bundle):
             return np.concatenate([audio, tail])
 
         assert np.array_equal(asyncio.run(run()), codec.decode(seq))
+        assert pool.snapshot().process_restarts == 1
     finally:
         pool.close()
     assert all(w._process.poll() is not None for w in pool._workers)  # close ends the children
