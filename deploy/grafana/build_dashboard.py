@@ -54,10 +54,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Preemptions per second", "short", [
         ("preemptions", f"sum(rate({P}num_preemptions_total{RATE}))"),
     ]),
-    ("Codec: streams per decode call, busy share", "short", [
+    ("Codec: streams per decode call, busy share, process restarts", "short", [
         ("streams/call", f"sum(rate({P}codec_decode_stream_jobs_total{RATE})) / "
                          f"sum(rate({P}codec_decode_calls_total{RATE}))"),
         ("busy", f"sum(rate({P}codec_decode_seconds_total{RATE}))"),
+        ("restarts", f"sum(increase({P}codec_process_restarts_total{RATE}))"),
     ]),
     ("Capacity headroom: audio a listener holds when the next chunk arrives", "s", [
         ("p5", f"histogram_quantile(0.05, sum by(le)(rate({P}audio_buffer_headroom_seconds_bucket{RATE})))"),
