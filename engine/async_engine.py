@@ -24,7 +24,7 @@ from pcgtts.engine.config import EngineConfig, SamplingParams
 from pcgtts.engine.errors import EngineFault, EngineOverloaded, EngineShutdown, RequestFailed
 from pcgtts.engine.llm_engine import Engine, RequestOutput
 from pcgtts.engine.metrics import EngineMetrics
-from pcgtts.engine.torch_threads import adopt_torch_threads
+from pcgtts.engine.torch_threads import adopt_torch_threads, name_native_thread
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,7 @@ class AsyncEngine:
     # ---- engine thread ----------------------------------------------------------------------------------
     def _run(self) -> None:
         adopt_torch_threads()
+        name_native_thread()
         engine = self.engine
         while True:
             self._wake.clear()

@@ -259,6 +259,9 @@ def _serve(conn: Connection) -> None:
 
 def serve_socket(fd: int) -> None:
     """The child's entry: its end of the socket pair, as a Connection."""
+    from pcgtts.engine.torch_threads import name_native_thread
+
+    name_native_thread("pcgtts-codec-p")  # the child's main thread: `ps` shows the process so
     _serve(Connection(fd))
 
 

@@ -13,7 +13,7 @@ from functools import partial
 
 import numpy as np
 from pcgtts.engine.codec.base import Codec, StreamingDecoder
-from pcgtts.engine.torch_threads import adopt_torch_threads
+from pcgtts.engine.torch_threads import adopt_torch_threads, name_native_thread
 from pcgtts.tts.codec_process import CodecProcess, CodecRecipe, RemoteDecoder, decode_isolated
 
 
@@ -122,6 +122,7 @@ class DecodePool:
 
     def _run(self, slot: int) -> None:
         adopt_torch_threads()
+        name_native_thread()
         jobs = self._queues[slot]
         decode = self._workers[slot].decode if self._workers else partial(decode_isolated, self.codec)
         stop = False

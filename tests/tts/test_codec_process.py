@@ -194,3 +194,16 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_model_threads_and_the_codec_process_carry_their_names_to_the_os(tts_service, process_pool):
+    """`top -H` / `ps -L` tell the engine's, the codec threads' and the codec process's CPU apart: each
+    runs under its own name, as /proc shows it (Linux)."""
+    from pathlib import Path
+
+    if not Path("/proc/self/task").exists():
+        pytest.skip("no /proc here")
+    names = {(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()}
+    assert {"pcgtts-engine", "pcgtts-codec-0"} <= names
+    child = process_pool._workers[0]._process.pid
+    assert Path(f"/proc/{child}/comm").read_text().strip() == "pcgtts-codec-p"
