@@ -8,12 +8,11 @@ two as two processes.
 
 `CodecProcess` runs one codec in a child interpreter started afresh (`serve_socket`, through `python -c`:
 forking a process that has started torch's and the engine's threads is unsafe, and multiprocessing's spawn
-would re-run the parent's main script, which a user's script may not guard). The child loads the codec
-from its `CodecRecipe` (the bundle on disk, as the service loaded it) and keeps each stream's
-`StreamingDecoder`; the parent holds
-`RemoteDecoder` handles. A batch is one message each way: the streams' new codes out, their audio (and
-what each decoder still needs before its next audio) back. Decoders whose handles are gone are dropped with
-the next message.
+would re-run the parent's main script, which a user's script may not guard). The child loads the codec from
+its `CodecRecipe` (the bundle on disk, as the service loaded it) and keeps each stream's `StreamingDecoder`;
+the parent holds `RemoteDecoder` handles. A batch is one message each way: the streams' new codes out, their
+audio (and what each decoder still needs before its next audio) back. Decoders whose handles are gone are
+dropped with the next message.
 """
 
 from __future__ import annotations
@@ -82,7 +81,6 @@ class CodecRecipe:
 
     model_dir: Path
     codec_dir: Path | None = None
-    semantic_model: str | None = None
     first_block_frames: int | None = None  # TTSConfig.initial_codec_chunk_frames
     torch_threads: int = 1
 
@@ -92,7 +90,7 @@ class CodecRecipe:
 
         torch.set_num_threads(self.torch_threads)
         bundle = ModelBundle.from_dir(self.model_dir, codec_dir=self.codec_dir)
-        codec = bundle.load_codec(device="cpu", semantic_model=self.semantic_model)
+        codec = bundle.load_codec(device="cpu")  # decoding only: no semantic model (X-codec2's encoder)
         if self.first_block_frames is not None:
             codec.set_first_block_frames(self.first_block_frames)
         return codec
@@ -101,8 +99,8 @@ class CodecRecipe:
 class RemoteDecoder:
     """The parent's handle on one stream's decoder in a `CodecProcess`."""
 
-    def __init__(self, owner: CodecProcess, stream_id: int, generation: int, slot: int):
-        self.owner, self.stream_id, self.generation, self.slot = owner, stream_id, generation, slot
+    def __init__(self, stream_id: int, generation: int, slot: int):
+        self.stream_id, self.generation, self.slot = stream_id, generation, slot
         self.until: int | None = None  # the child decoder's codes_until_audio after the last decode
 
     def codes_until_audio(self) -> int | None:
@@ -153,7 +151,7 @@ class CodecProcess:
 
     def new_decoder(self) -> RemoteDecoder:
         with self._lock:
-            handle = RemoteDecoder(self, next(self._ids), self.generation, self.slot)
+            handle = RemoteDecoder(next(self._ids), self.generation, self.slot)
         weakref.finalize(handle, self._forget, handle.stream_id, handle.generation)
         return handle
 
@@ -249,12 +247,14 @@ def _serve(conn: Connection) -> None:
         closed, work = message
         for stream_id in closed:
             decoders.pop(stream_id, None)
-        streams = [(decoders.setdefault(i, codec.streaming_decoder()), codes) for i, codes in work]
+        for stream_id, _ in work:  # a stream's first batch makes its decoder
+            if stream_id not in decoders:
+                decoders[stream_id] = codec.streaming_decoder()
+        streams = [(decoders[i], codes) for i, codes in work]
         replies = [(result, None if error is None else _picklable(error), decoder.codes_until_audio())
                    for (result, error), (decoder, _) in zip(decode_isolated(codec, streams), streams,
                                                             strict=True)]
         conn.send((replies, len(decoders)))
-
 
 
 def serve_socket(fd: int) -> None:

@@ -101,7 +101,7 @@ ENGINES = ("builtin", "vllm")
 CODEC_PLACES = ("auto", "process", "thread")
 
 
-def _codec_recipe(config: TTSConfig, bundle: ModelBundle) -> CodecRecipe | None:
+def _codec_recipe(config: TTSConfig) -> CodecRecipe | None:
     """How a codec process loads the service's codec, or None where the codec runs on the service's threads
     (TTSConfig.codec_process)."""
     if config.codec_process not in CODEC_PLACES:
@@ -188,7 +188,7 @@ class TTSService:
         codec = bundle.load_codec(device=config.device, semantic_model=config.semantic_model)
         if config.initial_codec_chunk_frames is not None:
             codec.set_first_block_frames(config.initial_codec_chunk_frames)
-        recipe = _codec_recipe(config, bundle)
+        recipe = _codec_recipe(config)
         use_draft = config.acceptance != "none" and config.num_speculative_tokens > 0 and bundle.draft_dir
         asg = config.asg_table or bundle.asg_table
         engine_config = EngineConfig(
