@@ -134,17 +134,18 @@ def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU seconds so far of a process, its threads and its live child processes (the
     server's codec processes, tts/codec_process.py) (Linux /proc; None elsewhere)."""
     try:
-        return sum(_own_cpu_seconds(p) for p in _process_tree(pid))
+        return sum(stat_cpu_seconds(Path(f"/proc/{p}/stat")) for p in process_tree(pid))
     except (OSError, ValueError, IndexError, TypeError):
         return None
 
 
-def _own_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a /proc stat file (a process's, or one thread's under task/)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _process_tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     """pid and its descendants (from each thread's `children` list)."""
     tree, i = [int(pid)], 0
     while i < len(tree):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -24,18 +23,16 @@ import httpx
 
 def thread_cpu(pid: int) -> dict[str, float]:
     """CPU seconds so far of every thread of pid and its descendants, summed by thread name."""
+    from pcgtts.bench.load_test import process_tree, stat_cpu_seconds
+
     out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            children = (task / "children").read_text().split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        for child in children:
-            for name, seconds in thread_cpu(int(child)).items():
-                out[name] = out.get(name, 0.0) + seconds
+    for process in process_tree(pid):
+        for task in Path(f"/proc/{process}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+                out[name] = out.get(name, 0.0) + stat_cpu_seconds(task / "stat")
+            except OSError:  # the thread ended meanwhile
+                continue
     return out
 
 
