@@ -3,8 +3,8 @@
 The engine thread and the codec threads of one process share Python's interpreter lock: every small torch
 op, every line of Python between them, waits for it. On a 2-core CPU the two then run in turns part of the
 time. Measured on the AMD EPYC build machine (`bench/results/codec-process/`): a batch-16 PCG decode and a
-16-stream codec decode side by side as two threads of one process each took 1.2-1.4x as long as the same
-two as two processes.
+16-stream codec decode side by side as two threads of one process took 1.21x and 1.42x their time alone,
+as two processes 0.95x and 0.98x.
 
 `CodecProcess` runs one codec in a child interpreter started afresh (`serve_socket`, through `python -c`:
 forking a process that has started torch's and the engine's threads is unsafe, and multiprocessing's spawn
