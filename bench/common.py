@@ -180,13 +180,15 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
                   compile_cache_dir: Path | None = None, deterministic: str | None = None,
                   draft_confidence: float = 0.0, max_num_seqs: int | None = None,
                   cpu_attention: str | None = None, cpu_weights: str | None = None,
-                  cpu_kv: str | None = None, draft_branches: int = 1) -> Engine:
+                  cpu_kv: str | None = None, draft_branches: int = 1, speculation: str = "always",
+                  speculation_lengths: tuple[int, ...] = ()) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
     EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
     is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa;
     cpu_weights: fp16 | fp32 | bf16, cpu_kv: fp16 | fp32 (None for these: EngineConfig's); draft_branches:
-    k of a token tree."""
+    k of a token tree; speculation, speculation_lengths: EngineConfig's (the policy; "always" by default, as
+    a benchmark of one draft length wants)."""
     from pcgtts.engine import Engine, EngineConfig
     from pcgtts.engine.acceptance import uses_asg_table
 
@@ -197,7 +199,8 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
         asg_table=bundle.asg_table if spec and uses_asg_table(rule) else None,
         num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
         decode_graphs=decode_graphs, compile_cache_dir=compile_cache_dir, draft_confidence=draft_confidence,
-        draft_branches=draft_branches if spec else 1,
+        draft_branches=draft_branches if spec else 1, speculation=speculation,
+        speculation_lengths=speculation_lengths if spec else (),
         **({} if deterministic is None else {"deterministic": deterministic}),
         **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),
         **({} if cpu_attention is None else {"cpu_attention": cpu_attention}),

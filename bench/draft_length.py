@@ -3,7 +3,10 @@ per-position acceptance, mean draft length and tokens/s, per rule, setting and b
 
 A setting is γ:θ[:k] (num_speculative_tokens : draft_confidence [: draft_branches]): 3:0 is the fixed γ = 3
 the server runs today; 6:0.6 lets a row draft up to 6 tokens while the draft gives its last proposal at
-least 0.6; 3:0:2 drafts a token tree of 2 branches of 3 (engine/spec_tree.py). Speech prompts
+least 0.6; 3:0:2 drafts a token tree of 2 branches of 3 (engine/spec_tree.py). Under `--speculation auto`
+(the server's load-aware policy, engine/spec_policy.py: per step and batch size the draft length measured
+fastest, target-only included) γ may name more lengths the policy may choose, 3+5:0 (γ 3, and 5); the
+requests are then unseeded, since seeded ones keep γ on every step whatever the policy says. Speech prompts
 from the bundle (`bench step`'s: sentence i with seed i, T=0.8), every batch size decoding the same
 utterances; engines run round-robin per repeat (a shared machine's drift hits all alike), medians reported.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,13 +48,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deterministic", default=None, choices=DETERMINISTIC_MODES,
                         help="EngineConfig.deterministic of every engine (default: its default; the requests "
                              "are seeded, so off is what unseeded requests get)")
+    parser.add_argument("--speculation", default="always", choices=("always", "auto"),
+                        help="EngineConfig.speculation of every speculative engine; auto (the server's) "
+                             "decodes unseeded requests")
     parser.add_argument("--out", type=Path, default=Path("bench/results/draft-length"))
 
 
-def parse_setting(text: str) -> tuple[int, float, int]:
-    gamma, _, rest = text.partition(":")
+def parse_setting(text: str) -> tuple[int, float, int, tuple[int, ...]]:
+    """γ[+more lengths]:θ[:k] -> (γ, θ, k, the further lengths of speculation_lengths)."""
+    gammas, _, rest = text.partition(":")
     theta, _, branches = rest.partition(":")
-    return int(gamma), float(theta or 0), int(branches or 1)
+    gamma, *more = (int(g) for g in gammas.split("+"))
+    return gamma, float(theta or 0), int(branches or 1), tuple(more)
+
+
+def setting_name(gamma: int, lengths: tuple[int, ...]) -> str:
+    return "+".join(map(str, (gamma, *lengths)))
 
 
 def decode(engine: Engine, batches: list[tuple[list, list]]) -> dict:
@@ -58,11 +71,14 @@ def decode(engine: Engine, batches: list[tuple[list, list]]) -> dict:
     before = engine.metrics()
     totals = run_once(engine, batches)
     after = engine.metrics()
+    by_length = {g: n - before.steps_by_draft_length.get(g, 0)
+                 for g, n in after.steps_by_draft_length.items()}
     drafted = [a - b for a, b in zip(after.spec_drafted_per_position, before.spec_drafted_per_position,
                                      strict=True)]
     accepted = [a - b for a, b in zip(after.spec_accepted_per_position, before.spec_accepted_per_position,
                                            strict=True)]
-    return totals | {"drafted_per_position": drafted, "accepted_per_position": accepted}
+    return totals | {"drafted_per_position": drafted, "accepted_per_position": accepted,
+                     "steps_by_draft_length": by_length}
 
 
 def run(args) -> dict:
@@ -71,16 +87,22 @@ def run(args) -> dict:
     bundle = ModelBundle.from_dir(args.model)
     prompts, params = speech_requests(bundle, args.utterances or max(args.batch_sizes), args.temperature,
                                       args.max_tokens)
+    auto = args.speculation == "auto"
+    if auto:  # the policy chooses for unseeded requests only
+        params = [replace(p, seed=None) for p in params]
     requests = {b: batched(prompts, params, b) for b in args.batch_sizes}
-    configs = [("target-only", 0, 0.0, 1)] + [(rule, *parse_setting(s)) for rule in args.rules
-                                              for s in args.settings]
+    configs = [("target-only", 0, 0.0, 1, ())] + [(rule, *parse_setting(s)) for rule in args.rules
+                                                  for s in args.settings]
+    if not auto and any(c[4] for c in configs):
+        raise SystemExit("settings with more draft lengths (γ+γ') need --speculation auto")
     engines = {}
-    for rule, gamma, theta, branches in configs:
+    for rule, gamma, theta, branches, lengths in configs:
         engine = bundle_engine(bundle, rule, num_speculative_tokens=gamma or 1, draft_confidence=theta,
                                draft_branches=branches, device=args.device, cpu_weights=args.cpu_weights,
-                               deterministic=args.deterministic)
+                               deterministic=args.deterministic, speculation=args.speculation,
+                               speculation_lengths=lengths)
         engine.generate(*speech_requests(bundle, 1, args.temperature, 20))  # warm-up
-        engines[(rule, gamma, theta, branches)] = engine
+        engines[(rule, gamma, theta, branches, lengths)] = engine
     runs: dict[tuple, list[dict]] = {}
     for r in range(args.repeats):
         for b in args.batch_sizes:
@@ -90,9 +112,9 @@ def run(args) -> dict:
                 print(f"repeat {r + 1}/{args.repeats} batch {b} {key}: {res['tokens_per_s']:.0f} tok/s, "
                       f"{res['tokens_per_verify_step']:.2f} tokens per verify step", flush=True)
     rows = []
-    for (rule, gamma, theta, branches, b), results in runs.items():
-        row = {"rule": rule, "num_speculative_tokens": gamma, "draft_confidence": theta,
-               "draft_branches": branches, "batch": b,
+    for (rule, gamma, theta, branches, lengths, b), results in runs.items():
+        row = {"rule": rule, "num_speculative_tokens": gamma, "speculation_lengths": list(lengths),
+               "draft_confidence": theta, "draft_branches": branches, "batch": b,
                "tokens_per_s": statistics.median(x["tokens_per_s"] for x in results),
                "tokens_per_s_runs": [x["tokens_per_s"] for x in results]}
         # counts are the same kind of quantity in every repeat: pool them
@@ -106,6 +128,11 @@ def run(args) -> dict:
         # of the rows that drafted position i, the share whose drafts 1..i were all accepted
         row["acceptance_by_position"] = [ratio(a, d) for a, d in zip(accepted, drafted, strict=True)]
         row["drafted_per_position"] = drafted
+        steps = {}
+        for x in results:
+            for g, n in x["steps_by_draft_length"].items():
+                steps[g] = steps.get(g, 0) + n
+        row["steps_by_draft_length"] = dict(sorted(steps.items()))
         rows.append(row)
     for row in rows:
         base = next(x for x in rows if x["rule"] == "target-only" and x["batch"] == row["batch"])
@@ -116,7 +143,8 @@ def run(args) -> dict:
         row["speedup_median_of_runs"] = statistics.median(row["speedup_runs"])
     command = ("pcgtts bench draft-length " + " ".join(sys.argv[sys.argv.index("draft-length") + 1:])
                if "draft-length" in sys.argv else " ".join(sys.argv))
-    return {"command": command, "machine": machine(), "temperature": args.temperature,
+    return {"command": command, "machine": machine(), "speculation": args.speculation,
+            "temperature": args.temperature,
             "max_tokens": args.max_tokens, "utterances": len(prompts), "repeats": args.repeats, "rows": rows}
 
 
@@ -126,18 +154,23 @@ def markdown(result: dict) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']} with {m['torch_threads']} "
              "thread(s). "
              f"T={result['temperature']}, {result['utterances']} utterances per batch size, medians of "
-             f"{result['repeats']} round-robin repeats (speed-up: median of per-repeat ratios).", "",
+             f"{result['repeats']} round-robin repeats (speed-up: median of per-repeat ratios); speculation "
+             f"policy {result.get('speculation', 'always')}.", "",
              "| batch | rule | γ | θ | k | tokens/verify step | mean draft length | acceptance by position "
-             "| tokens/s | speed-up |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| tokens/s | speed-up | steps by draft length |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     fmt = lambda x, f: "—" if x is None else format(x, f)  # noqa: E731
     for r in sorted(result["rows"], key=lambda r: (r["batch"], r["rule"] != "target-only", r["rule"],
                                                    r["num_speculative_tokens"], r["draft_confidence"],
                                                    r.get("draft_branches", 1))):
         by_position = " ".join(fmt(a, ".2f") for a in r["acceptance_by_position"])
-        lines.append(f"| {r['batch']} | {r['rule']} | {r['num_speculative_tokens']} | "
+        gammas = setting_name(r["num_speculative_tokens"], tuple(r.get("speculation_lengths", ())))
+        steps = " ".join(f"{g}: {n}" for g, n in r.get("steps_by_draft_length", {}).items())
+        lines.append(f"| {r['batch']} | {r['rule']} | {gammas} | "
                      f"{r['draft_confidence']} | {r.get('draft_branches', 1)} | "
                      f"{r['tokens_per_verify_step']:.2f} | {fmt(r['mean_draft_length'], '.2f')} | "
-                     f"{by_position or '—'} | {r['tokens_per_s']:.0f} | {r['speedup_median_of_runs']:.2f}x |")
+                     f"{by_position or '—'} | {r['tokens_per_s']:.0f} | {r['speedup_median_of_runs']:.2f}x | "
+                     f"{steps or '—'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -151,14 +184,16 @@ def plot(result: dict, out: Path) -> None:
         x["batch"] for x in result["rows"])]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for r in rows:
-        label = (f"{r['rule']} γ={r['num_speculative_tokens']} θ={r['draft_confidence']} "
+        gammas = setting_name(r["num_speculative_tokens"], tuple(r.get("speculation_lengths", ())))
+        label = (f"{r['rule']} γ={gammas} θ={r['draft_confidence']} "
                  f"k={r.get('draft_branches', 1)}")
         acc = [a for a in r["acceptance_by_position"] if a is not None]
         left.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
     left.set(xlabel="draft position", ylabel="P(accepted | drafted)", title="per-position acceptance")
     left.legend(fontsize=7)
-    labels = [f"{r['rule']}\n{r['num_speculative_tokens']}:{r['draft_confidence']}:"
-              f"{r.get('draft_branches', 1)}" for r in rows]
+    names = [setting_name(r["num_speculative_tokens"], tuple(r.get("speculation_lengths", ()))) for r in rows]
+    labels = [f"{r['rule']}\n{name}:{r['draft_confidence']}:"
+              f"{r.get('draft_branches', 1)}" for r, name in zip(rows, names, strict=True)]
     right.bar(range(len(rows)), [r["tokens_per_verify_step"] for r in rows])
     right.set_xticks(range(len(rows)), labels, fontsize=7)
     right.set(ylabel="tokens per verify step", title="tokens per verify step (γ:θ:k)")

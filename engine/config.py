@@ -41,6 +41,10 @@ class EngineConfig:
     # target alone, whichever measured faster at this batch size (engine.spec_policy); the TTS service's
     # default. Seeded outputs are reproducible only under "always" (see spec_policy).
     speculation: str = "always"
+    # More draft lengths "auto" may choose per batch-size class besides num_speculative_tokens, e.g. (5,):
+    # the engine is sized for the longest (KV look-ahead, buffers, captured graphs), while seeded and greedy
+    # requests and "always" keep num_speculative_tokens on every step. () : that γ only.
+    speculation_lengths: tuple[int, ...] = ()
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
     # "auto": bfloat16 on CUDA, and on CPUs with native bf16 math (AVX512-BF16/AMX) when decode graphs are
     # compiled (eager bf16 is no faster there); float32 otherwise | "float32" | "bfloat16" | "float16"

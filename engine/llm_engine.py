@@ -107,7 +107,11 @@ class Engine:
             draft_config, head_draft = None, False
         branches = self._tree_branches(config, head_draft, gamma)
         self.decoder_branches = branches
-        ahead = gamma * branches  # drafts a verify forward scores per row (a tree's every node)
+        # the lengths the speculation policy may choose; every size below is the longest's
+        self.policy = SpeculationPolicy(gamma, config.speculation, self._speculation_lengths(config, gamma,
+                                                                                             branches))
+        longest = self.policy.max_length
+        ahead = longest * branches  # drafts a verify forward scores per row (a tree's every node)
 
         block_size = config.block_size
         backend = make_backend(config.attention_backend, self.device, self.dtype, block_size)
@@ -120,14 +124,14 @@ class Engine:
         self.max_model_len = min(config.max_model_len or self.target_config.max_position_embeddings,
                                  capacity - ahead - 1)
         if self.max_model_len < 2:
-            raise ValueError(f"KV budget of {capacity} tokens is too small for γ={gamma}")
-        positions = self.max_model_len + gamma + 1
+            raise ValueError(f"KV budget of {capacity} tokens is too small for γ={longest}")
+        positions = self.max_model_len + longest + 1
         graphs = dict(decode_graphs=self.decode_graphs, cache_dir=config.compile_cache_dir,
                       kv_mirror_bytes=config.kv_mirror_bytes, row_attention=row_attention,
                       kv_dtype=self.kv_dtype)
         # decode shapes: the target scores γ+1 tokens per row, or 1 (target-only steps, which the speculation
         # policy may choose); the draft feeds 1, or 2 when it catches up after a fully accepted round
-        target_tokens = (1, gamma + 1)
+        target_tokens = (1, *(g + 1 for g in self.policy.choices if g))
         self.target = ModelRunner(load_llama(config.target, self.device, self.dtype, positions, compiled),
                                   num_blocks, block_size, backend, decode_tokens=target_tokens,
                                   tree_tokens=ahead + 1 if branches > 1 else 0, **graphs)
@@ -164,16 +168,15 @@ class Engine:
         if gamma:
             self.rules.get()  # fail at start-up, not on the first request
         self.shared_generator = torch.Generator(self.device).manual_seed(config.seed)
-        decoder_args = (self.target, self.draft, gamma, self.shared_generator, self.head, self.ops,
+        decoder_args = (self.target, self.draft, longest, self.shared_generator, self.head, self.ops,
                         self.invariance, "off" if not self.invariance.active else config.deterministic)
         self.decoder = (TreeDecoder(*decoder_args, branches=branches) if branches > 1 else
                         SpeculativeDecoder(*decoder_args, draft_confidence=config.draft_confidence))
-        self.policy = SpeculationPolicy(gamma, config.speculation)
         self.scheduler = Scheduler(self.target.blocks, self.draft.blocks if self.draft else None, ahead,
                                    config.max_num_seqs, config.max_num_batched_tokens, config.max_waiting,
                                    ahead_s=config.deadline_ahead_s, max_defer=config.max_defer_steps)
         self.requests: dict[str, Seq] = {}
-        self.counters = Counters(num_speculative_tokens=gamma)
+        self.counters = Counters(num_speculative_tokens=longest)
         self._arrivals = itertools.count()
 
     # ---- set-up helpers ---------------------------------------------------------------------------------
@@ -245,6 +248,20 @@ class Engine:
         return CALIBRATIONS[key]
 
     @staticmethod
+    def _speculation_lengths(config: EngineConfig, gamma: int, branches: int) -> tuple[int, ...]:
+        """EngineConfig.speculation_lengths, checked, as the policy takes them: () without a draft or under
+        "always" (which runs γ alone)."""
+        lengths = tuple(config.speculation_lengths)
+        if any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in lengths):
+            raise ValueError(f"speculation_lengths must be positive integers, not {lengths!r}")
+        if not gamma or config.speculation != "auto" or set(lengths) <= {gamma}:
+            return ()
+        if branches > 1:
+            raise ValueError("token trees (draft_branches > 1) run one draft length: speculation_lengths "
+                             "must be empty")
+        return lengths
+
+    @staticmethod
     def _tree_branches(config: EngineConfig, head_draft: bool, gamma: int) -> int:
         """k of EngineConfig.draft_branches, checked against what token trees run on (1 without a draft)."""
         k = config.draft_branches
@@ -287,7 +304,7 @@ class Engine:
         """(kind, (product, in_features, rows to check)) for each distinct kind of matrix product of the
         models (weight shape, layout, rows): the LM heads at decode sizes only, the others at prefill
         sizes too. bf16: projections with a bf16 copy checked through it (a plan with bf16 products)."""
-        decode_rows = self.config.max_num_seqs * (self.num_speculative_tokens * self.decoder_branches + 1)
+        decode_rows = self.config.max_num_seqs * (self.policy.max_length * self.decoder_branches + 1)
         heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
         kinds = {}
         for p in self._projections():
@@ -405,8 +422,8 @@ class Engine:
         outputs = [self._fail(seq, exc) for seq, exc in failed]
         if not decode:
             return outputs
-        speculate = self.policy.speculate(len(decode))  # one decision per engine step
-        rows = isolate_faults(decode, lambda seqs: self._decode_rows(seqs, speculate), snapshot, failed)
+        gamma = self.policy.draft_length(len(decode))  # one decision per engine step
+        rows = isolate_faults(decode, lambda seqs: self._decode_rows(seqs, gamma), snapshot, failed)
         outputs += [self._fail(seq, exc) for seq, exc in failed[len(outputs):]]
         self.counters.record_step(len(rows), [r[2] for r in rows], [r[3] for r in rows])
         for seq, tokens, drafted, k in rows:
@@ -419,15 +436,16 @@ class Engine:
             outputs.append(self._output(seq, drafted, k))
         return outputs
 
-    def _decode_rows(self, seqs: list[Seq], speculate: bool) -> list[tuple[Seq, list[int], int, int]]:
-        """One decoding step for `seqs`: (sequence, emitted tokens, drafted, accepted) per row. Timed for
-        the speculation policy."""
+    def _decode_rows(self, seqs: list[Seq], gamma: int) -> list[tuple[Seq, list[int], int, int]]:
+        """One decoding step for `seqs` at the policy's draft length: (sequence, emitted tokens, drafted,
+        accepted) per row. Timed for the speculation policy."""
         rows = []
         clock = self._step_clock()
-        for group, spec in self._decode_groups(seqs, speculate):
+        for group, group_gamma in self._decode_groups(seqs, gamma):
             started = clock()
-            result = self.decoder.step(group, spec)
-            self.policy.record(len(group), spec, clock() - started, sum(len(t) for t in result.tokens))
+            result = self.decoder.step(group, group_gamma)
+            emitted = sum(len(t) for t in result.tokens)
+            self.policy.record(len(group), group_gamma, clock() - started, emitted)
             rows += zip(group, result.tokens, result.num_drafted, result.num_accepted, strict=True)
         return rows
 
@@ -438,16 +456,17 @@ class Engine:
             return time.thread_time
         return time.perf_counter
 
-    def _decode_groups(self, seqs: list[Seq], speculate: bool) -> list[tuple[list[Seq], bool]]:
-        """(sequences, speculate) forwards of this step. The policy decides for the batch; seeded requests
-        speculate on every step whatever it decides, so a seed still fixes a request's tokens (run to
-        run, whatever shares the batch; so do greedy ones, SamplingParams.reproducible); when the policy says
-        target-only they take a forward of their own."""
+    def _decode_groups(self, seqs: list[Seq], gamma: int) -> list[tuple[list[Seq], int]]:
+        """(sequences, draft length) forwards of this step. The policy decides for the batch; seeded requests
+        speculate at the configured γ on every step whatever it decides, so a seed still fixes a request's
+        tokens (run to run, whatever shares the batch; so do greedy ones, SamplingParams.reproducible);
+        when the policy says otherwise they take a forward of their own."""
+        fixed = self.num_speculative_tokens
         reproducible = [s for s in seqs if s.params.reproducible]
-        if speculate or not reproducible or not self.num_speculative_tokens:
-            return [(seqs, speculate)]
+        if gamma == fixed or not reproducible:
+            return [(seqs, gamma)]
         plain = [s for s in seqs if not s.params.reproducible]
-        return [(reproducible, True)] + ([(plain, False)] if plain else [])
+        return [(reproducible, fixed)] + ([(plain, gamma)] if plain else [])
 
     def _fail(self, seq: Seq, exc: BaseException) -> RequestOutput:
         log.warning("request %s failed alone in the engine step: %r", seq.request_id, exc)
@@ -512,7 +531,9 @@ class Engine:
             spec_drafted_per_position=list(c.spec_drafted_per_position),
             preemptions=self.scheduler.num_preemptions, prefix_cache_queries=self.scheduler.prefix_queries,
             prefix_cache_hits=self.scheduler.prefix_hits, speculative_steps=self.policy.speculative_steps,
-            target_only_steps=self.policy.target_only_steps, steps=c.steps, batch_tokens=c.batch_tokens,
+            target_only_steps=self.policy.target_only_steps,
+            steps_by_draft_length=dict(sorted(self.policy.steps_by_length.items())), steps=c.steps,
+            batch_tokens=c.batch_tokens,
             finished=dict(c.finished))
 
     def kv_blocks_in_use(self) -> tuple[int, int]:

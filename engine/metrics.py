@@ -30,6 +30,9 @@ class EngineMetrics:
     prefix_cache_hits: int = 0  # of which were found in the prefix cache (not prefilled)
     speculative_steps: int = 0  # decode steps that drafted and verified
     target_only_steps: int = 0  # decode steps the speculation policy ran with the target alone
+    # decode forwards by the draft length they ran (0: target alone; engine.spec_policy); empty where the
+    # engine does not count it
+    steps_by_draft_length: dict[int, int] = field(default_factory=dict)
     # [γ] drafts verified at position i (each row's own length; empty where the engine does not count it)
     spec_drafted_per_position: list[int] = field(default_factory=list)
 

@@ -110,25 +110,29 @@ class SpeculativeDecoder:
                 runner.forward_chunks(states, chunks)
 
     # ---- decode -----------------------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence], speculate: bool = True) -> StepResult:
-        """speculate=False decodes with the target alone this step (the draft catches up next time)."""
-        if self.num_speculative_tokens and speculate and self.head is not None:
+    def step(self, seqs: list[Sequence], gamma: int | None = None) -> StepResult:
+        """One decoding step drafting γ tokens per row (at most the decoder's; None: the decoder's γ; a row's
+        own γ may be lower); γ = 0 decodes with the target alone this step (the draft catches up next
+        time). A row's generator gives γ draws to the draft per step, so a seeded row's tokens depend on the
+        γ of the steps it runs in."""
+        gamma = self.num_speculative_tokens if gamma is None else min(gamma, self.num_speculative_tokens)
+        if gamma and self.head is not None:
             ready = [s.draft_state_at == s.length for s in seqs]
             if not all(ready):
-                return self._split_step(seqs, ready) if any(ready) else self.step(seqs, speculate=False)
+                return self._split_step(seqs, ready, gamma) if any(ready) else self.step(seqs, 0)
         self._shape(self._plan_for(seqs))
         sampler = BatchSampler(seqs, self.vocab_size, self.device, self.shared_generator, self.ops)
-        if self.num_speculative_tokens == 0 or not speculate:
+        if gamma == 0:
             return self._target_only(seqs, sampler)
-        return self._speculate(seqs, sampler)
+        return self._speculate(seqs, sampler, gamma)
 
-    def _split_step(self, seqs: list[Sequence], ready: list[bool]) -> StepResult:
+    def _split_step(self, seqs: list[Sequence], ready: list[bool], gamma: int) -> StepResult:
         """Rows with a head state speculate; the others take a target-only step, which gives them one."""
         parts = {flag: [i for i, r in enumerate(ready) if r == flag] for flag in (True, False)}
         n = len(seqs)
         merged = StepResult(tokens=[[]] * n, num_accepted=[0] * n, num_drafted=[0] * n)
         for flag, rows in parts.items():
-            result = self.step([seqs[i] for i in rows], speculate=flag)
+            result = self.step([seqs[i] for i in rows], gamma if flag else 0)
             for i, tokens, k, d in zip(rows, result.tokens, result.num_accepted, result.num_drafted,
                                        strict=True):
                 merged.tokens[i], merged.num_accepted[i], merged.num_drafted[i] = tokens, k, d
@@ -150,8 +154,8 @@ class SpeculativeDecoder:
         for b, (s, k) in enumerate(zip(seqs, num_accepted, strict=True)):
             s.draft_state, s.draft_state_at = states[b], s.length + k + 1
 
-    def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
-        g, dev = self.num_speculative_tokens, self.device
+    def _speculate(self, seqs: list[Sequence], sampler: BatchSampler, g: int) -> StepResult:
+        dev = self.device
         b = len(seqs)
         lengths = [s.length for s in seqs]
         caps = [min(g, s.params.num_speculative_tokens or g) for s in seqs]  # each row's own γ
@@ -165,7 +169,7 @@ class SpeculativeDecoder:
 
         # 1. draft up to γ proposals per row (draft_length.py: fewer where the draft is unsure)
         propose = self._propose_with_head if self.head is not None else self._propose_with_draft
-        made = propose(seqs, sampler, ids, positions, drafts, draft_probs, confidence, caps)
+        made = propose(seqs, sampler, ids, positions, drafts, draft_probs, confidence, caps, g)
         for _ in range(g - made):  # a row's generator gives γ draws per step however many proposals are made,
             sampler.uniforms()  # so what a seeded row draws next does not depend on its batch mates
         row_gammas = caps if not self.draft_confidence else confident_lengths(
@@ -213,23 +217,23 @@ class SpeculativeDecoder:
 
     def _propose_with_head(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
                            positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                           confidence: torch.Tensor, caps: list[int]) -> int:
-        """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts).
-        Returns the proposals made per row (the rest of the buffers stay unwritten)."""
+                           confidence: torch.Tensor, caps: list[int], g: int) -> int:
+        """The feature head from each row's kept state: input j is ids[:, j] (the last token, then drafts),
+        up to g proposals. Returns the proposals made per row (the rest of the buffers stay unwritten)."""
         states = torch.stack([s.draft_state for s in seqs])  # [B, d]
-        for j in range(self.num_speculative_tokens):
+        for j in range(g):
             states = self.head(states, ids[:, j])
             logits = self.target.logits(states[:, None])  # [B, 1, V]
             if not self._draw_draft(sampler, logits, j, drafts, draft_probs, confidence, caps):
                 return j + 1
-        return self.num_speculative_tokens
+        return g
 
     def _propose_with_draft(self, seqs: list[Sequence], sampler: BatchSampler, ids: torch.Tensor,
                             positions: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                            confidence: torch.Tensor, caps: list[int]) -> int:
+                            confidence: torch.Tensor, caps: list[int], g: int) -> int:
         """The Llama draft: catch up on uncached tokens (the last one, or the last two after a fully accepted
-        round), then one forward per proposed token. Returns the proposals made per row."""
-        g, b = self.num_speculative_tokens, len(seqs)
+        round), then one forward per proposed token, up to g. Returns the proposals made per row."""
+        b = len(seqs)
         lengths = [s.length for s in seqs]
         one_each = self._all_valid(b, 1)
         states = [s.draft for s in seqs]

@@ -42,12 +42,12 @@ class TreeDecoder(SpeculativeDecoder):
             raise ValueError("a token tree needs a feature-head draft and k ≥ 2 branches")
         self.branches = branches
 
-    def _speculate(self, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
-        return speculate_tree(self, seqs, sampler)
+    def _speculate(self, seqs: list[Sequence], sampler: BatchSampler, g: int) -> StepResult:
+        return speculate_tree(self, seqs, sampler, g)
 
 
-def speculate_tree(dec: TreeDecoder, seqs: list[Sequence], sampler: BatchSampler) -> StepResult:
-    k, g, dev, v = dec.branches, dec.num_speculative_tokens, dec.device, dec.vocab_size
+def speculate_tree(dec: TreeDecoder, seqs: list[Sequence], sampler: BatchSampler, g: int) -> StepResult:
+    k, dev, v = dec.branches, dec.device, dec.vocab_size
     b = len(seqs)
     lengths = [s.length for s in seqs]
     caps = [min(g, s.params.num_speculative_tokens or g) for s in seqs]  # each row's own γ

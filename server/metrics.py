@@ -112,6 +112,13 @@ class EngineCollector:
         steps.add_metric([self._model, "speculative"], float(s.speculative_steps))
         steps.add_metric([self._model, "target_only"], float(s.target_only_steps))
         yield steps
+        by_length = CounterMetricFamily(PREFIX + "decode_steps_by_draft_length", "Engine decode forwards by "
+                                        "the draft length they ran (0: target alone; the speculation policy "
+                                        "picks one per step and batch size).",
+                                        labels=["model_name", "draft_length"])
+        for length, value in s.steps_by_draft_length.items():
+            by_length.add_metric([self._model, str(length)], float(value))
+        yield by_length
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                       "Draft tokens accepted, by draft position.",
                                       labels=["model_name", "position"])

@@ -54,6 +54,10 @@ class ServerSettings:
     speculation: str = _opt(TTSConfig.speculation, "auto: per engine step, speculate or decode with the "
                             "target alone, whichever measured faster at that batch size; always: every step "
                             "speculates (seeded requests speculate on every step either way)")
+    speculation_lengths: str | None = _opt(None, "more draft lengths auto may choose per batch size besides "
+                                          "γ, comma-separated (e.g. 5; builtin engine): the engine is "
+                                          "sized for the longest, seeded requests keep γ; default: "
+                                          + (",".join(map(str, TTSConfig.speculation_lengths)) or "none"))
     asg_table: str | None = _opt(None, "ASG table file (the θ choice) for pcg/pcg-block/lantern; default: "
                                         "the bundle's")
     extra_asg_tables: str | None = _opt(None, "more ASG tables requests may pick by name (`asg_table`): "
@@ -125,6 +129,17 @@ class ServerSettings:
             name, _, path = item.rpartition("=")
             out[name or Path(path).stem] = Path(path)
         return out
+
+    @property
+    def speculation_length_values(self) -> tuple[int, ...]:
+        """speculation_lengths as numbers (unset: TTSConfig's default; empty: none)."""
+        if self.speculation_lengths is None:
+            return TTSConfig.speculation_lengths
+        try:
+            return tuple(int(x) for x in self.speculation_lengths.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"speculation_lengths: expected comma-separated integers, got "
+                             f"{self.speculation_lengths!r}") from None
 
     @property
     def allowed_origins(self) -> list[str]:

@@ -25,11 +25,12 @@ log = logging.getLogger("pcgtts.server")
 def tts_config(settings: ServerSettings) -> TTSConfig:
     """The service's config: every option the two share by name, plus the renamed ones."""
     shared = {f.name for f in fields(TTSConfig)} & {f.name for f in fields(ServerSettings)}
-    shared -= {"extra_asg_tables"}  # a string of NAME=FILE items in the settings
+    shared -= {"extra_asg_tables", "speculation_lengths"}  # strings of items in the settings
     return TTSConfig(
         **{name: getattr(settings, name) for name in shared},
         model_dir=settings.model or TTSConfig.model_dir, codec_dir=settings.codec, draft_dir=settings.draft,
         extra_asg_tables=settings.extra_asg_table_paths,
+        speculation_lengths=settings.speculation_length_values,
         compile_cache_dir=Path(settings.data_dir) / "inductor")
 
 

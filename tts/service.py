@@ -69,6 +69,8 @@ class TTSConfig:
     # "auto": the engine speculates on a step only when that measured faster at its batch size;
     # "always": every step. Seeded requests speculate on every step either way (reproducible audio).
     speculation: str = "auto"
+    # more draft lengths "auto" may choose per batch size (EngineConfig.speculation_lengths; builtin engine)
+    speculation_lengths: tuple[int, ...] = EngineConfig.speculation_lengths
     asg_table: str | Path | None = None  # overrides the bundle's ASG table (θ choice)
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)  # more, picked per request by name
     kv_budget_tokens: int | None = EngineConfig.kv_budget_tokens
@@ -201,6 +203,7 @@ class TTSService:
             draft_confidence=config.draft_confidence,
             draft_branches=config.draft_branches,
             speculation=config.speculation,
+            speculation_lengths=tuple(config.speculation_lengths),
             device=config.device,
             kv_budget_tokens=config.kv_budget_tokens,
             max_num_seqs=config.max_num_seqs,

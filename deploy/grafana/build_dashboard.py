@@ -75,6 +75,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ]),
     ("Decode steps by mode (load-aware speculation)", "short", [
         ("{{mode}}", f"sum by(mode)(rate({P}decode_steps_total{RATE}))"),
+        ("draft length {{draft_length}}",
+         f"sum by(draft_length)(rate({P}decode_steps_by_draft_length_total{RATE}))"),
     ]),
     ("Finished requests by reason", "short", [
         ("{{finished_reason}}", f"sum by(finished_reason)(rate({P}request_success_total{RATE}))"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from server_support import build_tiny_bundle
 
 from pcgtts.cli import main as pcgtts_main
@@ -35,3 +36,28 @@ def test_draft_length_rows_count_what_each_setting_drafted(tmp_path):
             assert 1.0 <= row["tokens_per_verify_step"] <= gamma + 1
             survival = [a for a in row["acceptance_by_position"] if a is not None]
             assert all(0.0 <= a <= 1.0 for a in survival)
+
+
+def test_draft_length_under_the_auto_policy_counts_the_lengths_it_ran(tmp_path):
+    """`--speculation auto` with a setting of two lengths: the engine's steps ran at the lengths the policy
+    chose among (target-only, 3 and 5), counted per row, and the per-position counts reach the 5th draft."""
+    bundle = build_tiny_bundle(tmp_path / "bundle", head_draft=True)
+    out = tmp_path / "out"
+    code = pcgtts_main(["bench", "draft-length", "--model", str(bundle), "--out", str(out), "--rules",
+                        "exact", "--settings", "3:0", "3+5:0", "--speculation", "auto", "--batch-sizes", "1",
+                        "--repeats", "1", "--max-tokens", "60"])
+    assert code == 0
+    result = json.loads((out / "draft_length.json").read_text())
+    assert result["speculation"] == "auto"
+    rows = {(r["num_speculative_tokens"], tuple(r["speculation_lengths"])): r for r in result["rows"]
+            if r["rule"] == "exact"}
+    one, two = rows[(3, ())], rows[(3, (5,))]
+    assert set(one["steps_by_draft_length"]) <= {"0", "3"} and "3" in one["steps_by_draft_length"]
+    # each length timed at least once
+    assert {"3", "5"} <= set(two["steps_by_draft_length"]) <= {"0", "3", "5"}
+    assert len(two["drafted_per_position"]) == 5 and two["drafted_per_position"][4] > 0
+    assert "3+5" in (out / "draft_length.md").read_text()
+    # more lengths need the policy that chooses among them
+    with pytest.raises(SystemExit, match="--speculation auto"):
+        pcgtts_main(["bench", "draft-length", "--model", str(bundle), "--out", str(out), "--settings",
+                     "3+5:0", "--batch-sizes", "1", "--repeats", "1", "--max-tokens", "10"])

@@ -280,7 +280,9 @@ def test_metrics_after_traffic(client, live_server):
     assert queries > 0 and 0 < value("pcgtts:prefix_cache_hits", "_total") <= queries  # one preset voice
     assert value("pcgtts:audio_buffer_headroom_seconds", "_count") > 0
     assert value("pcgtts:decode_steps", "_total") > 0
+    # the same forwards counted by the draft length they ran
+    assert value("pcgtts:decode_steps_by_draft_length", "_total") == value("pcgtts:decode_steps", "_total")
     assert families["pcgtts:audio_streams_active"].type == "gauge"
     labels = {k for f in families.values() for s in f.samples for k in s.labels}
     assert labels <= {"model_name", "position", "format", "stream_mode", "status", "finished_reason", "le",
-                      "mode"}
+                      "mode", "draft_length"}
