@@ -5,9 +5,10 @@
 # Llasa-1B-shaped random pair at batch 1, 8, 32, 64: our engine (target-only / exact / pcg, eager and with
 # CUDA graphs) and vLLM with pcgtts' plugin (target-only / exact / pcg, CUDA graphs, one round) in one
 # `bench engine` table: which engine is faster at each batch size, and whether PCG pays on each; then the
-# draft-length / token-tree sweep of bench/results/tree/ on the shipped bundle.
+# draft-length / token-tree sweep of bench/results/tree/ on the shipped bundle, and the draft length chosen
+# per batch size (bench/results/spec-lengths/).
 #
-#   bench/gpu_check.sh [OUT_DIR]          results: OUT_DIR/{env.txt,tests.log,eager/,cuda_graphs/,tree/}
+#   bench/gpu_check.sh [OUT_DIR]   results: OUT_DIR/{env.txt,tests.log,eager/,cuda_graphs/,tree/,spec-lengths/}
 #
 # Environment: PYTHON (a python whose torch sees the GPU, with vLLM 0.32 for vLLM's rows: README "GPU";
 # default .venv/bin/python, then python3), DEVICE (cuda), SHAPE (llasa-1b; llasa-mini exercises the same
@@ -89,6 +90,13 @@ mkdir -p "$OUT/tree"
 timeout "$BENCH_TIMEOUT" "$PYTHON" -m pcgtts.cli bench draft-length --device "$DEVICE" --rules exact pcg \
   --settings 3:0 3:0:2 5:0 5:0:2 --batch-sizes 1 6 --utterances 6 --repeats "$REPEATS" --max-tokens 300 \
   --out "$OUT/tree" 2>&1 | tee "$OUT/tree/bench.log"
+(( PIPESTATUS[0] != 0 )) && bench_rc=1
+# the draft length chosen per batch size (bench/results/spec-lengths/): the auto policy with γ 3 alone
+# against γ 3 or 5, unseeded, from one stream to many (on the CPU it gained only at batch 1)
+mkdir -p "$OUT/spec-lengths"
+timeout "$BENCH_TIMEOUT" "$PYTHON" -m pcgtts.cli bench draft-length --device "$DEVICE" --speculation auto \
+  --rules pcg --settings 3:0 3+5:0 --batch-sizes 1 4 16 --utterances 16 --repeats "$REPEATS" --max-tokens 200 \
+  --out "$OUT/spec-lengths" 2>&1 | tee "$OUT/spec-lengths/bench.log"
 (( PIPESTATUS[0] != 0 )) && bench_rc=1
 echo "bench: exit $bench_rc; total $((SECONDS - start)) s"
 exit $(( tests_rc != 0 || bench_rc != 0 ))

@@ -3,26 +3,30 @@ measurements say gives the most tokens per second at this batch size.
 
 On a GPU a verify step over γ+1 positions costs about one decode step at small batches, so longer drafts pay
 until the batch makes the verify compute-bound; on a CPU the forward's cost grows with the tokens it scores,
-so which γ pays (if any) depends on the batch, the acceptance and the machine: on the 2-core build machines
-γ 5 decodes one stream 1.1-1.2x faster than γ 3 and loses to it at 6 or more (bench/results/spec-lengths/).
-The policy chooses among target-only and the engine's draft lengths (`lengths`: the configured γ, plus
-EngineConfig.speculation_lengths). It keeps, per batch-size class (1, 2-3, 4-7, 8-15, ...) and length,
-the median of the latest steps' costs per sequence, and per length the mean of tokens emitted per sequence
-over its last `window` steps (which carries the measured acceptance at that length), and picks the length
-with the highest expected rate
+so which γ pays (if any) depends on the batch, the acceptance and the machine. The policy chooses among
+target-only and the engine's draft lengths (`lengths`: the configured γ, plus
+EngineConfig.speculation_lengths), per batch-size class (1, 2-3, 4-7, 8-15, ...), the length with the
+highest expected rate
 
     γ > 0: tokens_per_seq(γ) / t(class, γ)      γ = 0 (target-only): 1 / t(class, 0)
 
-A length not yet timed in a class is tried; the lengths not chosen are re-timed in turn, one every
-`retry_every` steps of that class, so a change of load or acceptance is noticed. Tokens per speculative step
-vary from 1 to γ+1 step to step, and while another length wins the estimate only hears from retries, so a
-short average would lock a length out after a chance dip: the mean over the last `window` steps rides out
-such dips (tests/engine/test_engine_spec_policy.py), while a lasting change of acceptance moves it within
-`window` steps. A speculative step right after target-only ones also feeds the draft the tokens it missed;
-that switching cost is left out of the timing. Steps are timed by the engine thread's CPU time where torch
-runs on that thread alone (engine.llm_engine), so other processes on a shared machine do not skew the
-choice. Decisions depend only on step counts and measured times, never on a random draw; seeded requests
-keep the configured γ on every step whatever the policy chooses (engine.llm_engine `_decode_groups`).
+t is the median cost per sequence of the length's latest `trial_steps` steps in the class, and
+tokens_per_seq(γ) the mean tokens emitted per sequence over its last `window` steps (which carries the
+measured acceptance at that length; a lasting change of acceptance moves it within `window` steps, chance
+dips do not, tests/engine/test_engine_spec_policy.py).
+
+The choice is made by trials: each length is first run for `trial_steps` timed steps in turn, and the best
+kept; every `retry_every` steps of the class one length not chosen (in turn) runs `trial_steps` timed steps
+again and replaces the chosen one if it now rates higher (one that stays well behind is tried less and less
+often, so exploring costs little where the lengths differ much). A step's cost grows with the context its rows
+attend to, so the two are compared on steps taken back to back (the chosen length's latest steps and the
+trial's), not on a loser's samples from hundreds of tokens ago, which would favour whichever length ran
+least recently; between trials the choice stands. A speculative step right after target-only ones also
+feeds the draft the tokens it missed; that switching cost is left out of the timing (the trial runs one
+step more). Steps are timed by the engine thread's CPU time where torch runs on that thread alone
+(engine.llm_engine), so other processes on a shared machine do not skew the choice. Decisions depend only
+on step counts and measured times, never on a random draw; seeded requests keep the configured γ on every
+step whatever the policy chooses (engine.llm_engine `_decode_groups`).
 """
 
 from __future__ import annotations
@@ -36,17 +40,26 @@ POLICIES = ("auto", "always")
 
 @dataclass
 class _Timing:
-    """The latest step times per sequence of one (batch-size class, mode); their median is the estimate,
-    so one step slowed by another process on a shared machine does not decide many later steps."""
+    """The latest step times per sequence of one (batch-size class, length); their median is the estimate,
+    so one step slowed by another process on a shared machine does not decide the choice."""
 
-    samples: deque = field(default_factory=lambda: deque(maxlen=9))
+    samples: deque
 
     @property
     def seconds(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
 
-    def record(self, seconds: float) -> None:
-        self.samples.append(seconds)
+
+@dataclass
+class _Class:
+    """The policy's state in one batch-size class."""
+
+    best: int | None = None  # the length chosen; None until every length has had its first trial
+    trial: int | None = None  # the length being timed now
+    trial_timed: int = 0  # timed steps of the trial so far
+    steps: int = 0  # steps of the class run at the chosen length
+    due: dict[int, int] = field(default_factory=dict)  # length -> `steps` at which it is next tried
+    interval: dict[int, int] = field(default_factory=dict)  # length -> steps between its trials
 
 
 @dataclass
@@ -55,15 +68,16 @@ class SpeculationPolicy:
     mode: str = "auto"  # "auto" | "always"
     lengths: tuple[int, ...] = ()  # further draft lengths "auto" may choose (each 1 or more)
     window: int = 128  # speculative steps of one length whose tokens per sequence are averaged
-    retry_every: int = 20  # steps in one batch-size class between re-timings of a length not chosen
+    retry_every: int = 20  # steps in one batch-size class between trials of a length not chosen
+    trial_steps: int = 4  # timed steps per trial (and per estimate)
     choices: tuple[int, ...] = field(init=False)  # what "auto" chooses among, 0 (target-only) first
     _recent_tokens: dict[int, deque] = field(init=False)  # per γ: tokens per sequence of its last steps
     _timings: dict[tuple[int, int], _Timing] = field(default_factory=dict)
-    _since_retry: dict[int, int] = field(default_factory=dict)
-    _next_retry: dict[int, int] = field(default_factory=dict)  # per class: which loser is re-timed next
+    _classes: dict[int, _Class] = field(default_factory=dict)
     _last: int | None = None  # γ of the previous step
-    _burst: int = 0  # speculative steps still owed to a try
     steps_by_length: dict[int, int] = field(default_factory=dict)  # decode steps run at each γ (0 included)
+
+    BACK_OFF = 0.9  # a length rating under this fraction of the chosen one's is re-tried less and less often
 
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
@@ -99,35 +113,49 @@ class SpeculationPolicy:
             return 0
         if self.mode == "always":
             return self.num_speculative_tokens
-        if self._burst:  # the second step of a speculative try (the first one's draft was catching up)
-            self._burst -= 1
-            return self._last
-        untimed = [g for g in self._trial_order() if self._timing(batch, g).seconds is None]
-        if untimed:  # time each length at this size
-            return self._try(untimed[0])
-        best = max(self.choices, key=lambda g: self.rate(batch, g))
-        size = batch.bit_length()
-        waited = self._since_retry.get(size, 0) + 1
-        self._since_retry[size] = waited
-        if waited >= self.retry_every:
-            self._since_retry[size] = 0
-            losers = [g for g in self.choices if g != best]
-            turn = self._next_retry.get(size, 0)
-            self._next_retry[size] = turn + 1
-            return self._try(losers[turn % len(losers)])
-        return best
+        c = self._classes.setdefault(batch.bit_length(), _Class())
+        if c.trial is None and c.best is None or c.trial is not None and c.trial_timed >= self.trial_steps:
+            self._next_trial(batch, c)
+        if c.trial is not None:
+            return c.trial
+        c.steps += 1
+        due = [g for g in self._trial_order() if g != c.best and c.due[g] <= c.steps]
+        if due:
+            c.trial = min(due, key=lambda g: c.due[g])
+            return c.trial
+        return c.best
 
     def _trial_order(self) -> list[int]:
         """The configured γ first, then the other lengths, target-only last."""
         first = self.num_speculative_tokens
         return [first] + [g for g in self.choices if g not in (0, first)] + [0]
 
-    def _try(self, gamma: int) -> int:
-        """A step at a length that is being timed: a speculative one gets two steps in a row when the draft
-        is behind (after target-only steps it first catches up, a cost of the switch, not of the length)."""
-        if gamma and self._last == 0:
-            self._burst = 1
-        return gamma
+    def _next_trial(self, batch: int, c: _Class) -> None:
+        """At the start, or once a trial has its timed steps: the first trials go on to the next untried
+        length, then pick the best; a re-trial replaces the chosen length if it rates higher on these fresh
+        steps (the chosen length's latest ones were taken just before). A length that stays well behind
+        (under BACK_OFF of the chosen one's rate) is tried half as often each time, down to an eighth as
+        often, so exploring a hopeless length costs little."""
+        tried, order = c.trial, self._trial_order()
+        c.trial, c.trial_timed = None, 0
+        every = self.retry_every * (len(order) - 1)  # each length not chosen: one trial in `every` steps
+        untried = [g for g in order if self._timing(batch, g).seconds is None]
+        if untried:
+            c.trial = untried[0]
+            return
+        if c.best is None:
+            c.best = max(order, key=lambda g: self.rate(batch, g))
+            for i, g in enumerate(g for g in order if g != c.best):  # staggered, one trial at a time
+                c.interval[g], c.due[g] = every, c.steps + (i + 1) * self.retry_every
+            return
+        if self.rate(batch, tried) > self.rate(batch, c.best):
+            tried, c.best = c.best, tried  # the former choice is now the one re-tried
+            c.interval[tried] = every
+        elif self.rate(batch, tried) < self.BACK_OFF * self.rate(batch, c.best):
+            c.interval[tried] = min(2 * c.interval[tried], 8 * every)
+        else:
+            c.interval[tried] = every
+        c.due[tried] = c.steps + c.interval[tried]
 
     def rate(self, batch: int, gamma: int) -> float:
         """Expected tokens per second per sequence of a step of `batch` sequences at draft length γ (0 if not
@@ -143,11 +171,17 @@ class SpeculationPolicy:
         The first speculative step after target-only ones is not timed: its draft was catching up on the
         tokens it missed."""
         if not (gamma and self._last == 0):
-            self._timing(batch, gamma).record(seconds / batch)
+            self._timing(batch, gamma).samples.append(seconds / batch)
+            c = self._classes.get(batch.bit_length())
+            if c is not None and c.trial == gamma:
+                c.trial_timed += 1
         self._last = gamma
         self.steps_by_length[gamma] = self.steps_by_length.get(gamma, 0) + 1
         if gamma:
             self._recent_tokens[gamma].append(tokens / batch)
 
     def _timing(self, batch: int, gamma: int) -> _Timing:
-        return self._timings.setdefault((batch.bit_length(), gamma), _Timing())
+        key = (batch.bit_length(), gamma)
+        if key not in self._timings:
+            self._timings[key] = _Timing(deque(maxlen=self.trial_steps))
+        return self._timings[key]

@@ -131,6 +131,9 @@ def _vllm_engine(config: TTSConfig, engine_config: EngineConfig, family: SpeechF
     if engine_config.draft_branches > 1:
         raise ValueError("--draft-branches is a builtin-engine setting: vLLM verifies one chain of drafts "
                          "per request (serve without it, or with --engine builtin)")
+    if engine_config.speculation_lengths:
+        raise ValueError("--speculation-lengths is a builtin-engine setting: vLLM drafts its fixed γ on "
+                         "every step (serve without it, or with --engine builtin)")
     try:
         probe = family.build_prompt("hello", None)
     except ValueError:

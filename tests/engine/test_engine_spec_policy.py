@@ -26,18 +26,19 @@ def drive(policy: SpeculationPolicy, batch: int, seconds: dict, tokens_per_seq, 
 
 
 def test_policy_picks_the_faster_mode_per_batch_size_and_retries_the_other():
-    policy = SpeculationPolicy(num_speculative_tokens=3, retry_every=10)
+    policy = SpeculationPolicy(num_speculative_tokens=3, retry_every=10, trial_steps=2)
     # batch 1: a speculative step takes 1.5x a plain one and emits 2.4 tokens -> speculate
     small = drive(policy, 1, {True: 0.015, False: 0.010}, 2.4, 40)
-    assert small[:2] == [True, False]  # each mode timed once
-    assert small[2:].count(True) > 30 and False in small[2:]  # mostly speculative, retried now and then
+    assert small[:4] == [True, True, False, False]  # each mode timed (trial_steps steps each)
+    assert small[4:].count(True) > 28 and False in small[4:]  # mostly speculative, retried now and then
     # batch 12: a speculative step takes 3x a plain one -> target alone
     big = drive(policy, 12, {True: 0.090, False: 0.030}, 2.4, 40)
-    assert big[2:].count(False) > 30 and True in big[2:]
+    assert big[4:].count(False) > 28 and True in big[4:]
     assert policy.rate(12, 0) > policy.rate(12, 3)
     # acceptance collapses: at batch 1 speculation stops paying too, once the window has seen it
     later = drive(policy, 1, {True: 0.015, False: 0.010}, 1.0, 120)
-    assert later[-20:].count(False) >= 16  # retries: two speculative steps (catch-up, then timed)
+    # only trials speculate: one in 10 steps, three steps each (catch-up, then two timed)
+    assert later[-20:].count(False) >= 14 and later[-20:].count(True) >= 3
 
 
 def test_chance_dips_in_tokens_per_step_do_not_lock_speculation_out():
@@ -96,8 +97,8 @@ def test_switching_modes_between_steps_keeps_greedy_exact_output_equal_to_target
 
 
 def test_the_draft_catch_up_step_after_target_only_steps_is_not_timed():
-    policy = SpeculationPolicy(num_speculative_tokens=3, retry_every=5)
-    drive(policy, 4, {True: 0.02, False: 0.01}, 1.2, 12)  # target-only wins; speculation is retried
+    policy = SpeculationPolicy(num_speculative_tokens=3, retry_every=5, trial_steps=2)
+    drive(policy, 4, {True: 0.02, False: 0.01}, 1.2, 20)  # target-only wins; speculation is retried
     timed = list(policy._timing(4, 3).samples)
     # each retry after target-only steps runs two speculative steps; the first (catch-up) one is dropped,
     # so a catch-up costing 10x would not count against the mode either
@@ -110,18 +111,29 @@ def test_policy_picks_the_draft_length_measured_fastest_per_batch_size():
     """Among target-only, γ 3 and γ 5: γ 5 emits more per step (3.6 against 3.0 tokens per sequence) and
     costs more; it wins where its step costs little more (batch 1), γ 3 where it costs a lot more (batch 8),
     target-only where every verify is dear (batch 32). Each length not chosen is still re-timed in turn."""
-    policy = SpeculationPolicy(num_speculative_tokens=3, lengths=(5,), retry_every=10)
+    policy = SpeculationPolicy(num_speculative_tokens=3, lengths=(5,), retry_every=10, trial_steps=2)
     assert policy.choices == (0, 3, 5) and policy.max_length == 5
     tokens = {3: 3.0, 5: 3.6}
-    one = drive(policy, 1, {0: 0.010, 3: 0.016, 5: 0.017}, tokens, 60)
-    assert one[:3] == [3, 5, 0]  # the configured γ timed first, target-only last
-    assert one[3:].count(5) > 45 and 3 in one[3:] and 0 in one[3:]
-    eight = drive(policy, 8, {0: 0.010, 3: 0.020, 5: 0.030}, tokens, 60)
-    assert eight[3:].count(3) > 45 and 5 in eight[3:] and 0 in eight[3:]
-    big = drive(policy, 32, {0: 0.010, 3: 0.040, 5: 0.060}, tokens, 60)
-    assert big[3:].count(0) > 45 and 3 in big[3:] and 5 in big[3:]
+    one = drive(policy, 1, {0: 0.010, 3: 0.016, 5: 0.017}, tokens, 80)
+    assert one[:6] == [3, 3, 5, 5, 0, 0]  # the configured γ timed first, target-only last
+    assert one[6:].count(5) > 55 and 3 in one[6:] and 0 in one[6:]
+    eight = drive(policy, 8, {0: 0.010, 3: 0.020, 5: 0.030}, tokens, 80)
+    assert eight[6:].count(3) > 55 and 5 in eight[6:] and 0 in eight[6:]
+    big = drive(policy, 32, {0: 0.010, 3: 0.040, 5: 0.060}, tokens, 80)
+    assert big[6:].count(0) > 55 and 3 in big[6:] and 5 in big[6:]
     assert policy.rate(1, 5) > policy.rate(1, 3) > policy.rate(1, 0)
-    assert sum(policy.steps_by_length.values()) == 180
+    assert sum(policy.steps_by_length.values()) == 240
+
+
+def test_a_length_far_behind_is_tried_less_and_less_often():
+    """Target-only at a third of speculation's rate: its trials back off (each interval doubling, up to 8x),
+    while a length within 10% of the chosen one keeps its regular trials."""
+    policy = SpeculationPolicy(num_speculative_tokens=3, lengths=(5,), retry_every=10, trial_steps=2)
+    steps = drive(policy, 1, {0: 0.010, 3: 0.010, 5: 0.0105}, {3: 3.0, 5: 3.0}, 1000)
+    plain = [i for i, g in enumerate(steps) if g == 0]
+    gaps = [b - a for a, b in zip(plain, plain[1:], strict=False) if b - a > 1]
+    assert gaps[-1] >= 4 * gaps[0] and len(plain) < 40  # (without backing off: a trial every 20 steps)
+    assert steps[6:].count(5) > 80  # γ 5 (5% behind) still has its trial of 2 steps every 20
 
 
 def test_lengths_are_checked_and_always_runs_the_configured_gamma():
