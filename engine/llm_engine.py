@@ -108,8 +108,10 @@ class Engine:
         branches = self._tree_branches(config, head_draft, gamma)
         self.decoder_branches = branches
         # the lengths the speculation policy may choose; every size below is the longest's
-        self.policy = SpeculationPolicy(gamma, config.speculation, self._speculation_lengths(config, gamma,
-                                                                                             branches))
+        self.policy = SpeculationPolicy(gamma, config.speculation, tuple(config.speculation_lengths))
+        if branches > 1 and set(self.policy.choices) - {0, gamma}:
+            raise ValueError("token trees (draft_branches > 1) run one draft length: speculation_lengths "
+                             "must be empty")
         longest = self.policy.max_length
         ahead = longest * branches  # drafts a verify forward scores per row (a tree's every node)
 
@@ -246,20 +248,6 @@ class Engine:
         if key not in CALIBRATIONS:
             CALIBRATIONS[key] = calibrate([check for _, check in checks], attention, self.device, self.dtype)
         return CALIBRATIONS[key]
-
-    @staticmethod
-    def _speculation_lengths(config: EngineConfig, gamma: int, branches: int) -> tuple[int, ...]:
-        """EngineConfig.speculation_lengths, checked, as the policy takes them: () without a draft or under
-        "always" (which runs γ alone)."""
-        lengths = tuple(config.speculation_lengths)
-        if any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in lengths):
-            raise ValueError(f"speculation_lengths must be positive integers, not {lengths!r}")
-        if not gamma or config.speculation != "auto" or set(lengths) <= {gamma}:
-            return ()
-        if branches > 1:
-            raise ValueError("token trees (draft_branches > 1) run one draft length: speculation_lengths "
-                             "must be empty")
-        return lengths
 
     @staticmethod
     def _tree_branches(config: EngineConfig, head_draft: bool, gamma: int) -> int:

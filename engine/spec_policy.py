@@ -66,7 +66,7 @@ class _Class:
 class SpeculationPolicy:
     num_speculative_tokens: int  # the configured γ ("always" runs it on every step); 0: never speculate
     mode: str = "auto"  # "auto" | "always"
-    lengths: tuple[int, ...] = ()  # further draft lengths "auto" may choose (each 1 or more)
+    lengths: tuple[int, ...] = ()  # further draft lengths "auto" may choose (positive integers)
     window: int = 128  # speculative steps of one length whose tokens per sequence are averaged
     retry_every: int = 20  # steps in one batch-size class between trials of a length not chosen
     trial_steps: int = 4  # timed steps per trial (and per estimate)
@@ -82,9 +82,11 @@ class SpeculationPolicy:
     def __post_init__(self) -> None:
         if self.mode not in POLICIES:
             raise ValueError(f"speculation policy must be one of {POLICIES}, not {self.mode!r}")
-        if any(g < 1 for g in self.lengths):
-            raise ValueError(f"speculation lengths must be 1 or more, not {self.lengths}")
-        spec = sorted({self.num_speculative_tokens, *self.lengths}) if self.num_speculative_tokens else []
+        if any(not isinstance(g, int) or isinstance(g, bool) or g < 1 for g in self.lengths):
+            raise ValueError(f"speculation_lengths must be positive integers, not {self.lengths!r}")
+        gamma = self.num_speculative_tokens
+        # "always" runs γ alone, whatever further lengths are configured
+        spec = sorted({gamma, *self.lengths} if self.mode == "auto" else {gamma}) if gamma else []
         self.choices = (0, *spec)
         self._recent_tokens = {g: deque(maxlen=self.window) for g in spec}
 
@@ -114,7 +116,8 @@ class SpeculationPolicy:
         if self.mode == "always":
             return self.num_speculative_tokens
         c = self._classes.setdefault(batch.bit_length(), _Class())
-        if c.trial is None and c.best is None or c.trial is not None and c.trial_timed >= self.trial_steps:
+        trial_done = c.trial is not None and c.trial_timed >= self.trial_steps
+        if trial_done or (c.trial is None and c.best is None):  # a trial ended, or the class is new
             self._next_trial(batch, c)
         if c.trial is not None:
             return c.trial

@@ -125,7 +125,7 @@ class ServerSettings:
     @property
     def extra_asg_table_paths(self) -> dict[str, Path]:
         out = {}
-        for item in filter(None, (x.strip() for x in (self.extra_asg_tables or "").split(","))):
+        for item in comma_items(self.extra_asg_tables):
             name, _, path = item.rpartition("=")
             out[name or Path(path).stem] = Path(path)
         return out
@@ -136,14 +136,14 @@ class ServerSettings:
         if self.speculation_lengths is None:
             return TTSConfig.speculation_lengths
         try:
-            return tuple(int(x) for x in self.speculation_lengths.split(",") if x.strip())
+            return tuple(int(x) for x in comma_items(self.speculation_lengths))
         except ValueError:
             raise ValueError(f"speculation_lengths: expected comma-separated integers, got "
                              f"{self.speculation_lengths!r}") from None
 
     @property
     def allowed_origins(self) -> list[str]:
-        return [o.strip() for o in (self.cors_origins or "").split(",") if o.strip()]
+        return comma_items(self.cors_origins)
 
     @property
     def voices_dir(self) -> Path:
@@ -152,6 +152,11 @@ class ServerSettings:
     @property
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * MiB)
+
+
+def comma_items(text: str | None) -> list[str]:
+    """The non-empty items of a comma-separated setting, stripped ([] when unset)."""
+    return [item.strip() for item in (text or "").split(",") if item.strip()]
 
 
 def env_name(name: str) -> str:
