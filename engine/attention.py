@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from pcgtts.engine.batch_invariance import attend, causal_mask, pad_rows
 from pcgtts.engine.kv_cache import write_kv
+from pcgtts.engine.ops.kv_write import KV_WRITE
 from pcgtts.engine.ops.row_attention import ROW_ATTENTION
 
 if TYPE_CHECKING:
@@ -160,13 +161,16 @@ class GatherSDPABackend(AttentionBackend):
 
     def attend(self, q, k, v, k_cache, v_cache, meta, layer):
         b, t, h, d = q.shape
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         mirror = meta.mirror
+        # the new K/V into the pool and, for mirrored rows, the mirror (the rows' path runs on the CPU with
+        # the compiled ops: one loop for the four writes)
+        write = KV_WRITE.compiled if meta.row_positions is not None else KV_WRITE.torch
+        write(k.reshape(b * t, *k.shape[2:]), v.reshape(b * t, *v.shape[2:]), k_cache, v_cache,
+              meta.slot_mapping, *(mirror.store(layer) if mirror is not None else (None, None, None)))
         if meta.row_positions is not None:  # each row over its own keys, read in place
             if mirror is None:
                 keys, values, rows = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), None
             else:
-                mirror.write(layer, k, v)
                 keys, values, rows = mirror.mirror.keys[layer], mirror.mirror.values[layer], mirror.rows
             rows = torch.arange(b, device=q.device) if rows is None else rows
             return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions,
@@ -175,7 +179,6 @@ class GatherSDPABackend(AttentionBackend):
             keys, values = (gather_blocks(c, meta).to(q.dtype) for c in (k_cache, v_cache))
             mask = meta.mask
         else:  # over the mirror's rows [0, span): this forward's rows and, between them, holes
-            mirror.write(layer, k, v)
             keys, values = mirror.layer(layer, meta.context_len)  # views [span, ctx, H_kv, D]
             q, mask = mirror.spread(q), meta.mask if mirror.mask is None else mirror.mask
         if mask.shape[2] > t:  # queries padded as the mask says (engine/batch_invariance.py)

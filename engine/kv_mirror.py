@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import torch
 from pcgtts.engine.block_manager import SeqBlocks
-from pcgtts.engine.kv_cache import write_kv
 
 
 @dataclass
@@ -44,10 +43,11 @@ class MirrorBatch:
     # [span, 1, T, ctx], bool or additive like PagedBatch.mask, when rows is not None (holes see key 0 only)
     mask: torch.Tensor | None
 
-    def write(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """New k/v [B, T, H_kv, D] of layer i into their mirror positions (padding: the scratch column)."""
-        # the pool's own write: fp16 K/V under a float32 model are rounded as the pool rounds them
-        write_kv(self.mirror.flat_keys[i], self.mirror.flat_values[i], k, v, self.write_slots)
+    def store(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(K, V of layer i as [rows * (capacity + 1), H_kv, D], the flat slot of each new token): where a
+        forward writes its new K/V besides the pool (engine/ops/kv_write.py), rounded as the pool rounds them;
+        padding tokens go to the scratch column."""
+        return self.mirror.flat_keys[i], self.mirror.flat_values[i], self.write_slots
 
     def layer(self, i: int, context_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views K, V [span, ctx, H_kv, D] of layer i."""

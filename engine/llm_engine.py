@@ -162,6 +162,9 @@ class Engine:
 
         # the forms of the per-step operations, chosen once for this engine (engine/ops)
         self.ops = Ops.choose(self.device, self.target_config.vocab_size, config.compiled_cpu_ops)
+        if self.ops.compiled and few_op_forms(self.device, self.dtype, compiled):
+            for norm in self._norms():  # each forward's norms as compiled loops too (engine/ops/rms_norm.py)
+                norm.compiled = True
         self.rules = RuleCache(config.acceptance, config.acceptance_params, self.asg_table_paths, self.device,
                                self.ops)
         for runner in (self.target, self.draft):
@@ -268,12 +271,18 @@ class Engine:
             raise ValueError("token trees (draft_branches > 1) need the sdpa attention backend")
         return k
 
+    def _parts(self) -> list:
+        """The target, the Llama draft and the feature head, those this engine has."""
+        return [part for part in (self.target.model, self.draft.model if self.draft else None, self.head)
+                if part is not None]
+
     def _projections(self) -> list:
         """Every matrix product of the target, the Llama draft and the feature head."""
-        projections = self.target.model.projections()
-        for part in (self.draft.model if self.draft else None, self.head):
-            projections += part.projections() if part is not None else []
-        return projections
+        return [p for part in self._parts() for p in part.projections()]
+
+    def _norms(self) -> list:
+        """Every RMSNorm of the target, the Llama draft and the feature head."""
+        return [n for part in self._parts() for n in part.norms()]
 
     def _bf16_invariant_products(self) -> int:
         """Mark the projections whose bf16 product computes each row alike in a call of any row count up to

@@ -90,6 +90,9 @@ class FeatureHead:
     def projections(self) -> list[Projection]:
         return [p for block in self.blocks for p in (block.gate_up, block.down)]
 
+    def norms(self) -> list[RMSNorm]:
+        return [self.token_norm] + [block.norm for block in self.blocks]
+
     @torch.inference_mode()
     def __call__(self, state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """state [B, d] at position t (the target's, or predicted), tokens Long[B] x_{t+1} -> state at t+1."""

@@ -18,15 +18,7 @@ from pcgtts.engine.batch_invariance import InvariancePlan, pad_rows
 from pcgtts.engine.kv_cache import KVCache
 from pcgtts.engine.model.config import LlamaConfig
 from pcgtts.engine.model.rope import RotaryEmbedding
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32 and weight.dtype == torch.float32:
-        # torch's fused op: the same numbers as the lines below (checked bit for bit in tests) in one call
-        return F.rms_norm(x, weight.shape, weight, eps)
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+from pcgtts.engine.ops.rms_norm import RMS_NORM
 
 
 class RMSNorm:
@@ -38,7 +30,11 @@ class RMSNorm:
     kernel, where `F.rms_norm` is half a dozen small ops (agrees to float32 rounding, not bit for bit;
     tested). Larger inputs (prefill) take `rms_norm`, and so does every input once `row_invariant` is set
     (engine/batch_invariance.py: a position then rounds alike in a prefill and in a decode step). The
-    result may be a strided view ([..., :d] of [..., 2d])."""
+    result may be a strided view ([..., :d] of [..., 2d]).
+
+    With `compiled` (set by the engine where its compiled CPU ops run these float32 eager forwards) every
+    input takes the compiled loop instead (engine/ops/rms_norm.py): a few µs where either torch call costs
+    30-40, and a row's bits whatever the row count, so it serves plans too."""
 
     LAYER_NORM_MAX_ROWS = 64
 
@@ -49,13 +45,16 @@ class RMSNorm:
         if layer_norm_form and weight.dtype == torch.float32:
             self.layer_norm_weight = torch.cat([weight, torch.zeros_like(weight)])
         self.row_invariant = False
+        self.compiled = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., d] -> [..., d]."""
+        if self.compiled:
+            return RMS_NORM.compiled(x, self.weight, self.eps)
         d = self.dim
         small = x.numel() <= self.LAYER_NORM_MAX_ROWS * d
         if self.layer_norm_weight is None or x.dtype != torch.float32 or not small or self.row_invariant:
-            return rms_norm(x, self.weight, self.eps)
+            return RMS_NORM.torch(x, self.weight, self.eps)
         mirrored = torch.cat([x, x.neg()], dim=-1)  # [..., 2d]
         return F.layer_norm(mirrored, (2 * d,), self.layer_norm_weight, None, self.eps)[..., :d]
 
@@ -240,6 +239,10 @@ class LlamaModel:
     def projections(self) -> list[Projection]:
         """Every matrix product of the forward, the LM head last."""
         return [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
+
+    def norms(self) -> list[RMSNorm]:
+        """Every RMSNorm of the forward, the final one last."""
+        return [n for w in self.layers for n in (w.input_norm, w.post_norm)] + [self.final_norm]
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: PagedBatch, cache: KVCache,

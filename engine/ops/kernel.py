@@ -53,6 +53,22 @@ def as_float32(typingctx, x):
     return None
 
 
+@intrinsic
+def stored_as(typingctx, x, store):
+    """float32 x as an element of `store` (an array) holds it: itself in a float32 array, in a uint16 array
+    (an fp16 tensor's bits) the IEEE half nearest to it, ties to even (LLVM's fptrunc: vcvtps2ph where the
+    CPU has F16C), which is what `Tensor.to(torch.float16)` writes."""
+    if x != types.float32 or not isinstance(store, types.Array):
+        return None
+    if store.dtype == types.uint16:
+        def narrow(context, builder, signature, args):
+            return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return types.uint16(types.float32, store), narrow
+    if store.dtype == types.float32:
+        return types.float32(types.float32, store), lambda context, builder, signature, args: args[0]
+    return None
+
+
 CACHE_LINE = 64  # bytes
 
 

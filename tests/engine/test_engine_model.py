@@ -109,7 +109,7 @@ def test_flash_attn_backend_matches_sdpa(tmp_path):
 
 def test_fused_float32_rms_norm_equals_the_reference_formula():
     """rms_norm's float32 path calls torch's fused op; it must give Hugging Face's formula bit for bit."""
-    from pcgtts.engine.model.llama import rms_norm
+    from pcgtts.engine.ops.rms_norm import rms_norm_torch as rms_norm
 
     torch.manual_seed(0)
     for shape in [(1, 1, 256), (12, 4, 256), (3, 300, 64)]:

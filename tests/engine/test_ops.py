@@ -10,6 +10,8 @@ import torch
 from pcgtts.asg_tables import ASGTable
 from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
 from pcgtts.engine.ops import COMPILED_MAX_V, TORCH_OPS, Ops, Twin
+from pcgtts.engine.ops.kv_write import KV_WRITE
+from pcgtts.engine.ops.rms_norm import RMS_NORM
 from pcgtts.engine.ops.marker_merge import MARKER_MERGE
 from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.ops.verify import (
@@ -209,3 +211,51 @@ def test_group_steps_serve_a_flattened_layout_of_drafts():
         start = int(starts[r])
         assert torch.equal(alone.groups[0, :n], labels[start:start + n])
         assert int(alone.groups[0, n]) == (int(groups[r]) if n < num_drafts[r] else -1)  # bonus: unlabelled
+
+
+@pytest.mark.parametrize("store", [torch.float16, torch.float32])
+@pytest.mark.parametrize("mirrored", [True, False])
+def test_kv_write_forms_write_the_same_bits_into_pool_and_mirror(store, mirrored):
+    """A forward's new K/V (views sliced from a fused projection, as the model passes them) into pool slots
+    given as a strided column (a draft step's) and mirror slots, fp16 stores rounded alike (halfway values,
+    overflow to inf, subnormals), nothing else touched."""
+    gen = torch.Generator().manual_seed(3)
+    qkv = 4 * torch.randn(5, 2, 12, 16, generator=gen)  # [B, T, q + k + v heads, D]
+    qkv[0, 0, 4, :4] = torch.tensor([65519.0, 70000.0, 1e-6, 1 + 2 ** -11])  # rounding edge cases for fp16
+    k, v = qkv[:, :, 4:8].reshape(10, 4, 16), qkv[:, :, 8:].reshape(10, 4, 16)
+    pool_slots = torch.randperm(40, generator=gen)[:30].view(10, 3)[:, 1]
+    mirror_slots = torch.randperm(20, generator=gen)[:10] if mirrored else None
+    results = []
+    for form in (KV_WRITE.torch, KV_WRITE.compiled):
+        stores = [torch.full((n, 4, 16), 7.0, dtype=store) for n in (40, 40, 20, 20)]
+        mirror = stores[2:] if mirrored else (None, None)
+        form(k, v, stores[0], stores[1], pool_slots, *mirror, mirror_slots)
+        results.append(stores)
+    bits = (lambda t: t.view(torch.int16)) if store == torch.float16 else (lambda t: t)
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(bits(a), bits(b))
+    pool_k, pool_v = results[1][:2]
+    assert torch.equal(pool_k[pool_slots], k.to(store)) and torch.equal(pool_v[pool_slots], v.to(store))
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[pool_slots] = False
+    assert bool((pool_k[untouched] == 7.0).all())
+    if mirrored:
+        assert torch.equal(results[1][2][mirror_slots], k.to(store))
+
+
+def test_rms_norm_forms_agree_and_the_compiled_one_computes_a_row_alike_in_any_call():
+    """The compiled RMSNorm gives Hugging Face's formula to float32 rounding on decode- and prefill-sized
+    inputs and strided rows (a norm of a slice), and each row the same bits alone or among any others (what
+    lets it serve batch-invariant forwards)."""
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(256, generator=gen)
+    for shape in [(1, 1, 256), (16, 4, 256), (3, 300, 256)]:
+        x = 3 * torch.randn(*shape, generator=gen)
+        reference = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        assert torch.equal(RMS_NORM.torch(x, weight, 1e-6), reference)
+        torch.testing.assert_close(RMS_NORM.compiled(x, weight, 1e-6), reference, rtol=2e-6, atol=2e-6)
+    rows = 3 * torch.randn(40, 512, generator=gen)[:, :256]  # strided rows
+    together = RMS_NORM.compiled(rows, weight, 1e-6)
+    torch.testing.assert_close(together, RMS_NORM.torch(rows, weight, 1e-6), rtol=2e-6, atol=2e-6)
+    for i in (0, 17, 39):
+        assert torch.equal(RMS_NORM.compiled(rows[i:i + 1].clone(), weight, 1e-6), together[i:i + 1])
