@@ -29,7 +29,9 @@ these places only:
   measure torch's kernel.
 - RMSNorm's two forms: decode-sized inputs took a layer-norm form and prefill-sized ones `rms_norm`, which
   round differently, so K/V recomputed by a prefill (after preemption, or shared through the prefix cache)
-  differed from the same positions computed by decode steps. Under a plan both take `rms_norm`.
+  differed from the same positions computed by decode steps. Under a plan both take `rms_norm`; engines
+  with the compiled CPU ops take one compiled loop for every input, invariant by construction
+  (engine/ops/rms_norm.py).
 
 What a faster kernel must preserve: for every op of the forward, a row's output is a function of that
 row's inputs only (not of the row count, the query count per sequence, the padded context length or the

@@ -5,6 +5,7 @@
     verify.py         the verify of one speculation round: coarse (PCG, over ASG groups), exact (tokens),
                       block verification (block)
     kv_write.py       a forward's new K/V into the pool's slots and the KV mirror's (the CPU forwards' writes)
+    rms_norm.py       RMSNorm of each row (the CPU forwards' norms)
     row_attention.py  causal attention of each row over its own keys (the CPU forwards' attention; the
                       model runner decides where it runs, engine/model_runner.py `rows_attend`)
 

@@ -112,3 +112,8 @@ def test_what_trees_do_not_run_on_is_refused(models):
         tree_engine(models, num_speculative_tokens=1)
     with pytest.raises(ValueError, match="positive integer"):
         tree_engine(models, draft_branches=0)
+    for lengths in [(4,), (1,)]:  # a longer or a shorter second length: a tree drafts one
+        with pytest.raises(ValueError, match="speculation_lengths"):
+            tree_engine(models, speculation="auto", speculation_lengths=lengths)
+    always = tree_engine(models, speculation="always", speculation_lengths=(4,))
+    assert always.policy.max_length == 2  # the extra length ignored

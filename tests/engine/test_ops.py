@@ -11,8 +11,8 @@ from pcgtts.asg_tables import ASGTable
 from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
 from pcgtts.engine.ops import COMPILED_MAX_V, TORCH_OPS, Ops, Twin
 from pcgtts.engine.ops.kv_write import KV_WRITE
-from pcgtts.engine.ops.rms_norm import RMS_NORM
 from pcgtts.engine.ops.marker_merge import MARKER_MERGE
+from pcgtts.engine.ops.rms_norm import RMS_NORM
 from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.ops.verify import (
     BLOCK_GROUP_VERIFY,
