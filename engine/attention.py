@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 from pcgtts.engine.batch_invariance import attend, causal_mask, pad_rows
 from pcgtts.engine.kv_cache import write_kv
-from pcgtts.engine.ops.kv_write import KV_WRITE
+from pcgtts.engine.ops.rope_kv import ROPE_KV, write_new_kv
 from pcgtts.engine.ops.row_attention import ROW_ATTENTION
 
 if TYPE_CHECKING:
     from pcgtts.engine.kv_mirror import MirrorBatch
+    from pcgtts.engine.model.rope import RotaryEmbedding
 
 
 @dataclass
@@ -155,26 +156,56 @@ class AttentionBackend(ABC):
         """q [B, T, H, D], k/v [B, T, H_kv, D] (new tokens), caches [S, H_kv, D] of `layer` -> out
         [B, T, H * D]."""
 
+    def fuses_rope(self, meta: PagedBatch) -> bool:
+        """Whether this forward's layers may hand their unrotated q/k/v to `attend_unrotated` (the backend
+        rotates them as it writes the K/V: one compiled loop on the CPU's rows path) rather than rotate them
+        and call `attend`."""
+        return False
+
+    def attend_unrotated(self, qkv: torch.Tensor, rope: RotaryEmbedding, heads: int, kv_heads: int,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedBatch,
+                         layer: int) -> torch.Tensor:
+        """`attend` from the fused projection's output qkv [B, T, (H + 2 H_kv) D], q and k heads not yet
+        rotated (interleaved pairs, rope.py), where `fuses_rope` says so -> out [B, T, H * D]."""
+        raise NotImplementedError
+
 
 class GatherSDPABackend(AttentionBackend):
     name = "sdpa"
 
+    def fuses_rope(self, meta: PagedBatch) -> bool:
+        return meta.row_positions is not None
+
+    def attend_unrotated(self, qkv, rope, heads, kv_heads, k_cache, v_cache, meta, layer):
+        b, t = meta.positions.shape
+        n = b * t
+        mirror = meta.mirror
+        q = ROPE_KV.compiled(qkv.view(n, qkv.shape[-1]), rope, meta.positions.view(n), heads, kv_heads,
+                             k_cache, v_cache, meta.slot_mapping,
+                             *(mirror.store(layer) if mirror is not None else (None, None, None)))
+        return self._rows_attention(q.view(b, t, heads, q.shape[-1]), k_cache, v_cache, meta, layer)
+
+    def _rows_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        meta: PagedBatch, layer: int) -> torch.Tensor:
+        """Each row's queries q [B, T, H, D] over its own keys, read in place (the mirror's, or gathered
+        blocks), this forward's K/V already written -> [B, T, H * D]."""
+        b, t, h, d = q.shape
+        mirror = meta.mirror
+        if mirror is None:
+            keys, values, rows = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), None
+        else:
+            keys, values, rows = mirror.mirror.keys[layer], mirror.mirror.values[layer], mirror.rows
+        rows = torch.arange(b, device=q.device) if rows is None else rows
+        return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions, meta.gaps).view(b, t, h * d)
+
     def attend(self, q, k, v, k_cache, v_cache, meta, layer):
         b, t, h, d = q.shape
         mirror = meta.mirror
-        # the new K/V into the pool and, for mirrored rows, the mirror (the rows' path runs on the CPU with
-        # the compiled ops: one loop for the four writes)
-        write = KV_WRITE.compiled if meta.row_positions is not None else KV_WRITE.torch
-        write(k.reshape(b * t, *k.shape[2:]), v.reshape(b * t, *v.shape[2:]), k_cache, v_cache,
-              meta.slot_mapping, *(mirror.store(layer) if mirror is not None else (None, None, None)))
+        # the new K/V into the pool and, for mirrored rows, the mirror
+        write_new_kv(k.reshape(b * t, *k.shape[2:]), v.reshape(b * t, *v.shape[2:]), k_cache, v_cache,
+                     meta.slot_mapping, *(mirror.store(layer) if mirror is not None else (None, None, None)))
         if meta.row_positions is not None:  # each row over its own keys, read in place
-            if mirror is None:
-                keys, values, rows = gather_blocks(k_cache, meta), gather_blocks(v_cache, meta), None
-            else:
-                keys, values, rows = mirror.mirror.keys[layer], mirror.mirror.values[layer], mirror.rows
-            rows = torch.arange(b, device=q.device) if rows is None else rows
-            return ROW_ATTENTION.compiled(q, keys, values, rows, meta.row_positions,
-                                          meta.gaps).view(b, t, h * d)
+            return self._rows_attention(q, k_cache, v_cache, meta, layer)
         if mirror is None:  # (an fp16 K/V store widened to q's dtype: a prefill chunk over gathered blocks)
             keys, values = (gather_blocks(c, meta).to(q.dtype) for c in (k_cache, v_cache))
             mask = meta.mask

@@ -45,7 +45,7 @@ class MirrorBatch:
 
     def store(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(K, V of layer i as [rows * (capacity + 1), H_kv, D], the flat slot of each new token): where a
-        forward writes its new K/V besides the pool (engine/ops/kv_write.py), rounded as the pool rounds them;
+        forward writes its new K/V besides the pool (engine/ops/rope_kv.py), rounded as the pool rounds them;
         padding tokens go to the scratch column."""
         return self.mirror.flat_keys[i], self.mirror.flat_values[i], self.write_slots
 

@@ -256,17 +256,23 @@ class LlamaModel:
         cfg = self.cfg
         b, t = input_ids.shape
         x = F.embedding(input_ids, self.embed)  # [B, T, d]
-        rotation = self.rope.lookup(meta.positions)
+        # the backend rotates q and k as it writes the K/V (one compiled loop on the CPU's rows path)
+        fused_rope = self.rope.interleaved and x.dtype == torch.float32 and backend.fuses_rope(meta)
+        rotation = None if fused_rope else self.rope.lookup(meta.positions)
         qk_size = self.q_size + self.kv_size
         for i, w in enumerate(self.layers):
             h = w.input_norm(x)
             qkv = w.qkv(h)  # [B, T, (H + 2 H_kv) D]
-            # q and k rotated together: one set of elementwise ops for all their heads
-            qk = qkv[..., :qk_size].view(b, t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
-            q, k = self.rope.rotate(qk, rotation).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
-            v = qkv[..., qk_size:].view(b, t, cfg.num_kv_heads, cfg.head_dim)
             k_cache, v_cache = cache.layer(i)
-            attn = backend.attend(q, k, v, k_cache, v_cache, meta, i)  # [B, T, H D]
+            if fused_rope:
+                attn = backend.attend_unrotated(qkv, self.rope, cfg.num_heads, cfg.num_kv_heads, k_cache,
+                                                v_cache, meta, i)
+            else:
+                # q and k rotated together: one set of elementwise ops for all their heads
+                qk = qkv[..., :qk_size].view(b, t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+                q, k = self.rope.rotate(qk, rotation).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
+                v = qkv[..., qk_size:].view(b, t, cfg.num_kv_heads, cfg.head_dim)
+                attn = backend.attend(q, k, v, k_cache, v_cache, meta, i)  # [B, T, H D]
             x = x + w.o(attn)
             h = w.post_norm(x)
             gate, up = w.gate_up(h).chunk(2, dim=-1)

@@ -65,6 +65,7 @@ class RotaryEmbedding:
         self.interleaved = interleaved
         if interleaved:
             self.cis = torch.polar(torch.ones_like(freqs), freqs).to(device)  # complex64 [P, D/2]
+            self.cis_pairs = torch.view_as_real(self.cis)  # the same as float32 [P, D/2, 2] (cos, sin)
         else:
             emb = torch.cat([freqs, freqs], dim=-1)  # [P, head_dim]
             self.cos = emb.cos().to(device=device, dtype=dtype)

@@ -4,7 +4,7 @@
     marker_merge.py   the demo family's marker-merge decode constraint (engine/speech/demo/constraint.py)
     verify.py         the verify of one speculation round: coarse (PCG, over ASG groups), exact (tokens),
                       block verification (block)
-    kv_write.py       a forward's new K/V into the pool's slots and the KV mirror's (the CPU forwards' writes)
+    rope_kv.py        a layer's q and k rotated, its new K/V into the pool's and the KV mirror's slots
     rms_norm.py       RMSNorm of each row (the CPU forwards' norms)
     row_attention.py  causal attention of each row over its own keys (the CPU forwards' attention; the
                       model runner decides where it runs, engine/model_runner.py `rows_attend`)

@@ -9,10 +9,11 @@ import pytest
 import torch
 from pcgtts.asg_tables import ASGTable
 from pcgtts.engine.acceptance.sampling import VerifyUniforms, sample_rows
+from pcgtts.engine.model.rope import RotaryEmbedding
 from pcgtts.engine.ops import COMPILED_MAX_V, TORCH_OPS, Ops, Twin
-from pcgtts.engine.ops.kv_write import KV_WRITE
 from pcgtts.engine.ops.marker_merge import MARKER_MERGE
 from pcgtts.engine.ops.rms_norm import RMS_NORM
+from pcgtts.engine.ops.rope_kv import ROPE_KV
 from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.ops.verify import (
     BLOCK_GROUP_VERIFY,
@@ -215,32 +216,42 @@ def test_group_steps_serve_a_flattened_layout_of_drafts():
 
 @pytest.mark.parametrize("store", [torch.float16, torch.float32])
 @pytest.mark.parametrize("mirrored", [True, False])
-def test_kv_write_forms_write_the_same_bits_into_pool_and_mirror(store, mirrored):
-    """A forward's new K/V (views sliced from a fused projection, as the model passes them) into pool slots
-    given as a strided column (a draft step's) and mirror slots, fp16 stores rounded alike (halfway values,
-    overflow to inf, subnormals), nothing else touched."""
+def test_rope_kv_forms_rotate_and_write_the_same_bits(store, mirrored):
+    """A layer's fused projection output rotated (q returned, k written) and v written, into pool slots
+    and mirror slots, positions and pool slots given as strided columns (a draft step's): both forms the
+    same bits, fp16 stores rounded alike (halfway values, overflow to inf, subnormals), nothing else
+    touched."""
     gen = torch.Generator().manual_seed(3)
-    qkv = 4 * torch.randn(5, 2, 12, 16, generator=gen)  # [B, T, q + k + v heads, D]
-    qkv[0, 0, 4, :4] = torch.tensor([65519.0, 70000.0, 1e-6, 1 + 2 ** -11])  # rounding edge cases for fp16
-    k, v = qkv[:, :, 4:8].reshape(10, 4, 16), qkv[:, :, 8:].reshape(10, 4, 16)
+    heads, kv_heads, dim = 4, 2, 16
+    rope = RotaryEmbedding(dim, 10000.0, None, 64, torch.device("cpu"), torch.float32, interleaved=True)
+    v_from = (heads + kv_heads) * dim  # v's columns in qkv
+    qkv = 4 * torch.randn(10, v_from + kv_heads * dim, generator=gen)
+    qkv[0, v_from:v_from + 4] = torch.tensor([65519.0, 70000.0, 1e-6, 1 + 2 ** -11])  # fp16 rounding edges
+    positions = torch.randint(0, 64, (10, 3), generator=gen)[:, 2]  # a strided column, as a draft step's
     pool_slots = torch.randperm(40, generator=gen)[:30].view(10, 3)[:, 1]
     mirror_slots = torch.randperm(20, generator=gen)[:10] if mirrored else None
     results = []
-    for form in (KV_WRITE.torch, KV_WRITE.compiled):
-        stores = [torch.full((n, 4, 16), 7.0, dtype=store) for n in (40, 40, 20, 20)]
+    for form in (ROPE_KV.torch, ROPE_KV.compiled):
+        stores = [torch.full((n, kv_heads, dim), 7.0, dtype=store) for n in (40, 40, 20, 20)]
         mirror = stores[2:] if mirrored else (None, None)
-        form(k, v, stores[0], stores[1], pool_slots, *mirror, mirror_slots)
-        results.append(stores)
+        results.append((form(qkv, rope, positions, heads, kv_heads, *stores[:2], pool_slots, *mirror,
+                             mirror_slots), stores))
+    (q_torch, stores_torch), (q_compiled, stores_compiled) = results
+    assert torch.equal(q_torch, q_compiled)
     bits = (lambda t: t.view(torch.int16)) if store == torch.float16 else (lambda t: t)
-    for a, b in zip(*results, strict=True):
+    for a, b in zip(stores_torch, stores_compiled, strict=True):
         assert torch.equal(bits(a), bits(b))
-    pool_k, pool_v = results[1][:2]
-    assert torch.equal(pool_k[pool_slots], k.to(store)) and torch.equal(pool_v[pool_slots], v.to(store))
+    rotated = rope.rotate(qkv[:, :v_from].view(10, 1, heads + kv_heads, dim),
+                          rope.lookup(positions.view(10, 1))).view(10, heads + kv_heads, dim)
+    assert torch.equal(q_compiled, rotated[:, :heads])
+    pool_k, pool_v = stores_compiled[:2]
+    assert torch.equal(pool_k[pool_slots], rotated[:, heads:].to(store))
+    assert torch.equal(pool_v[pool_slots], qkv[:, v_from:].view(10, kv_heads, dim).to(store))
     untouched = torch.ones(40, dtype=torch.bool)
     untouched[pool_slots] = False
     assert bool((pool_k[untouched] == 7.0).all())
     if mirrored:
-        assert torch.equal(results[1][2][mirror_slots], k.to(store))
+        assert torch.equal(bits(stores_compiled[2][mirror_slots]), bits(pool_k[pool_slots]))
 
 
 def test_rms_norm_forms_agree_and_the_compiled_one_computes_a_row_alike_in_any_call():
