@@ -44,6 +44,7 @@ def recording(row: list[int], log: list):
 
     targets = [(llama.Projection, "__call__", "projection"), (llama.RMSNorm, "__call__", "norm"),
                (rope.RotaryEmbedding, "rotate", "rope"), (attention.GatherSDPABackend, "attend", "attention"),
+               (attention.GatherSDPABackend, "attend_unrotated", "attention"),
                (feature_head.FeatureHead, "__call__", "head")]
     saved = [(cls, name, getattr(cls, name)) for cls, name, _ in targets]
 

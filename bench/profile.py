@@ -10,7 +10,8 @@ to the whole step. Phases:
     prefill           prompt forwards (their own target / draft forwards included)
     draft forward     the feature head's (or the Llama draft's) forwards
     target forward    decode and verify forwards of the target, without its LM head or attention
-    target attention  those forwards' attention calls (the backend's `attend`, every layer)
+    target attention  those forwards' attention calls (the backend's `attend`, every layer; where the backend
+                      fuses RoPE and the K/V writes into it, `attend_unrotated`, which includes them)
     LM head           the target's vocabulary projection (draft proposals and verify alike)
     sampling          penalties, warping, softmax-and-draw of target and draft rows
     constraint        the family's decode constraint (the demo family's marker merge)
@@ -45,6 +46,8 @@ from pcgtts.engine.config import CPU_ATTENTION, CPU_KV, CPU_WEIGHTS
 from pcgtts.engine.sampling import BatchSampler
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
+# a backend's attention entry points: the plain one and the one that rotates q, k and writes K/V itself
+ATTENTION_CALLS = ("attend", "attend_unrotated")
 PHASES = ("schedule", "prefill", "draft forward", "target forward", "target attention", "LM head", "sampling",
           "constraint", "verify", "decode glue", "step glue")
 
@@ -155,7 +158,8 @@ def instrument(engine: Engine, clock: PhaseClock):
     clock.wrap(engine.target, "forward_chunks", "target forward")
     clock.wrap(engine.target, "logits", "LM head")
     # the target's attention backend (a draft sharing the object keeps its attention in "draft forward")
-    clock.wrap(engine.target.backend, "attend", "target attention", inside="target forward")
+    for attribute in ATTENTION_CALLS:
+        clock.wrap(engine.target.backend, attribute, "target attention", inside="target forward")
     head = decoder.head
     if head is not None:
         decoder.head = TimedCall(head, clock, "draft forward")
@@ -165,7 +169,8 @@ def instrument(engine: Engine, clock: PhaseClock):
 
     def undo() -> None:
         decoder.head = head
-        vars(engine.target.backend).pop("attend", None)
+        for attribute in ATTENTION_CALLS:
+            vars(engine.target.backend).pop(attribute, None)
         for owner in (engine, engine.scheduler, decoder, engine.target, engine.draft):
             if owner is not None:
                 for attribute in ("step", "schedule", "prefill", "_verify", "forward", "forward_chunks",

@@ -44,7 +44,7 @@ def test_a_profiled_engine_decodes_as_before_afterwards(tmp_path):
     before = [g.token_ids for g in engine.generate(prompts, params)]
     profile.decode(engine, prompts, params)
     assert vars(engine.decoder).get("step") is None and type(engine.decoder.head).__name__ != "TimedCall"
-    assert vars(engine.target.backend).get("attend") is None
+    assert all(vars(engine.target.backend).get(a) is None for a in profile.ATTENTION_CALLS)
     assert [g.token_ids for g in engine.generate(prompts, params)] == before
     args = argparse.Namespace(temperature=0.8, max_tokens=24, seeded=False)
     assert all(p.seed is None for p in profile.requests(bundle, 2, args)[1])
