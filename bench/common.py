@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -124,7 +125,28 @@ def machine() -> dict:
 
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "native_bf16": cpu_has_native_bf16(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "source": source_build()}
+
+
+def source_build() -> str | None:
+    """The commit of the checkout the running engine code was imported from ("+changes" when its tracked
+    files differ from it); None outside a git checkout. Two builds compared side by side run from two
+    checkouts, and an editable install can serve subpackages from another tree than the one on the path:
+    this records which code actually ran."""
+    from pcgtts import engine
+
+    where = str(Path(engine.__file__).resolve().parent)  # through links, to the tree the code lives in
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", where, *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
 
 
 def write_json(path: Path, data) -> Path:

@@ -3,8 +3,10 @@ name per quantity across the benchmarks and their committed results."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,13 @@ def test_machine_record_and_result_file(tmp_path):
     record = machine()
     assert {"cpu", "cores", "torch", "torch_threads", "native_bf16", "cuda"} <= record.keys()
     assert record["cores"] >= 1 and record["cpu"]
+    engine_tree = Path(inspect.getfile(Generation)).resolve().parent  # any folder of the engine's checkout
+    head = subprocess.run(["git", "-C", str(engine_tree), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout: the record names its commit
+        assert record["source"].removesuffix("+changes") == head.stdout.strip()
+    else:
+        assert record["source"] is None
     path = write_json(tmp_path / "new" / "result.json", {"machine": record, "rows": [1.5]})
     assert path.read_text().endswith("\n") and json.loads(path.read_text())["machine"] == record
 
