@@ -18,6 +18,7 @@ from pcgtts.engine.acceptance.warp import GREEDY_EPS
 from pcgtts.engine.ops import Ops
 from pcgtts.engine.ops.softmax_draw import SOFTMAX_DRAW
 from pcgtts.engine.sequence import Sequence
+from pcgtts.engine.speech.base import DraftedHistories
 
 
 def presence_of(token_ids: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -123,11 +124,9 @@ class BatchSampler:
         draft_lists = drafts.tolist() if drafts is not None else None
         out = None
         for cls, rows in self.constrained.items():
-            histories = []
-            for b in rows:
-                generated = self.seqs[b].output_ids
-                extra = draft_lists[b] if draft_lists is not None else []
-                histories.append([generated + extra[:offset + i] for i in range(p)])
+            histories = [DraftedHistories(self.seqs[b].token_ids, self.seqs[b].prompt_len,
+                                          draft_lists[b] if draft_lists is not None else [], offset, p)
+                         for b in rows]
             constraints = [self.seqs[b].params.constraint for b in rows]
             if len(rows) == logits.shape[0]:  # every row: no copy of the unconstrained logits
                 return cls.apply_rows(constraints, logits, histories, self.ops)

@@ -30,6 +30,38 @@ class VoicePrompt:
     transcript: str
 
 
+class DraftedHistories(Sequence[list[int]]):
+    """One request's histories at `count` consecutive positions, without copying them: position i follows
+    the request's generated tokens, tokens[start:], and its first offset + i drafts. What the engine hands a
+    constraint for each row (a history is a list only when indexed). `tokens` is the request's own token
+    list, which only grows while the request runs (the engine appends what it accepts), so a constraint may
+    remember how far it has read it (MarkerMergeConstraint does) instead of comparing histories."""
+
+    __slots__ = ("tokens", "start", "drafts", "offset", "count")
+
+    def __init__(self, tokens: list[int], start: int, drafts: list[int], offset: int, count: int):
+        self.tokens, self.start, self.drafts, self.offset, self.count = tokens, start, drafts, offset, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.count))]
+        if not -self.count <= i < self.count:
+            raise IndexError(i)
+        return self.tokens[self.start:] + self.drafts[:self.offset + i % self.count]
+
+    def generated(self) -> int:
+        """Tokens generated before the first draft."""
+        return len(self.tokens) - self.start
+
+    def lengths(self) -> list[int]:
+        """len() of each position's history."""
+        n = self.generated()
+        return [n + len(self.drafts[:self.offset + i]) for i in range(self.count)]
+
+
 class DecodeConstraint(ABC):
     """A per-request, history-dependent transform of next-token logits.
 

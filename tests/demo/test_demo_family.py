@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from pcgtts.engine.speech.base import VoicePrompt
+from pcgtts.engine.speech.base import DraftedHistories, VoicePrompt
 from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
 from pcgtts.engine.speech.demo.espeak import Voice, phonemize, synthesize
 from pcgtts.engine.speech.demo.family import DemoPhonemeFamily
@@ -195,6 +195,40 @@ def test_constraint_memo_gives_the_same_positions_as_a_full_scan():
                            unmemoised.apply(logits.clone(), histories))
         assert constraint._positions(histories) == [fresh.position(h) for h in histories]
         committed += drafts[:int(rng.integers(0, 4))] + [token()]
+
+
+def test_the_engines_histories_plan_as_their_lists_do():
+    """The engine's DraftedHistories (a request's growing token list, read on from where the last call
+    stopped) give what the same histories as lists give a constraint that has never seen them: two requests
+    sharing one constraint, calls interleaved, draft calls (one position past k drafts) and verify calls
+    (γ + 1 positions), drafts shorter than the positions ask, and the first call before any output."""
+    rng = np.random.default_rng(7)
+    caps = dict(max_frames=[4] * 50, min_frames=[1] * 50)
+    shared = MarkerMergeConstraint(VOCAB, [16] * 50, **caps)
+    requests = [[3, 4], [6, 7]]  # prompts; what a request generates is appended to its list
+    starts = [2, 2]
+
+    def token() -> int:
+        return 16 if rng.random() < 0.3 else VOCAB.code_offset + int(rng.integers(0, 64))
+
+    for step in range(80):
+        r = step % 2
+        tokens, start = requests[r], starts[r]
+        drafts = [token() for _ in range(int(rng.integers(1, 4)))]
+        for offset, count in [(k, 1) for k in range(len(drafts))] + [(0, 4)]:
+            engine_histories = DraftedHistories(tokens, start, drafts, offset, count)
+            lists = [tokens[start:] + drafts[:offset + i] for i in range(count)]
+            assert list(engine_histories) == lists and engine_histories.lengths() == [len(h) for h in lists]
+            logits = torch.randn(1, count, VOCAB.vocab_size, generator=torch.Generator().manual_seed(step))
+            unseen = MarkerMergeConstraint(VOCAB, [16] * 50, **caps)
+            assert shared._plan(engine_histories) == unseen._plan(lists)
+            assert torch.equal(MarkerMergeConstraint.apply_rows([shared], logits.clone(), [engine_histories]),
+                               unseen.apply(logits[0].clone(), lists)[None])
+        tokens += drafts[:int(rng.integers(0, len(drafts) + 1))] + [token()]
+    one = DraftedHistories([1, 2, 3], 1, [8, 9], 1, 3)
+    assert one[-1] == [2, 3, 8, 9] and one[0:2] == [[2, 3, 8], [2, 3, 8, 9]] and one.generated() == 2
+    with pytest.raises(IndexError):
+        one[3]
 
 
 def test_phoneme_runs_read_the_speech_layout_back():

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from pcgtts.engine.ops import Ops
 from pcgtts.engine.ops.marker_merge import MARKER_MERGE
-from pcgtts.engine.speech.base import DecodeConstraint
+from pcgtts.engine.speech.base import DecodeConstraint, DraftedHistories
 from pcgtts.engine.speech.demo.layout import END, DemoVocab
 
 
@@ -55,6 +55,9 @@ class MarkerMergeConstraint(DecodeConstraint):
         # (history, its position) of recent calls: a new history that extends one of them is scanned only
         # past it, so a step costs O(new tokens), not O(length), per position; checked by prefix equality
         self._memo: list[tuple[list[int], int, int]] = []
+        # the engine's calls (DraftedHistories): per token list read, (the list, its start, how far it was
+        # read, the position there); the list only grows, so what was read stays valid
+        self._read: list[tuple[list[int], int, int, int, int]] = []
 
     def without_caps(self) -> MarkerMergeConstraint:
         """The same constraint with no duration bounds (to measure what they do)."""
@@ -95,6 +98,23 @@ class MarkerMergeConstraint(DecodeConstraint):
         return [(spoken, run) if h is base else self._scan(h, n, spoken, run) if h[:n] == base
                 else self.position(h) for h in histories]
 
+    def _drafted_positions(self, histories: DraftedHistories) -> list[tuple[int, int]]:
+        """_positions of the engine's histories: the generated tokens read on from where the last call over
+        the same token list stopped, then one draft per position; O(new tokens + drafts) a call."""
+        tokens, start, n = histories.tokens, histories.start, histories.generated()
+        known = next((e for e in self._read if e[0] is tokens and e[1] == start and e[2] <= n), None)
+        read, spoken, run = (known[2], known[3], known[4]) if known else (0, 0, 0)
+        spoken, run = self._scan(tokens[start + read:start + n], 0, spoken, run)
+        self._read = [e for e in self._read if e is not known][-3:] + [(tokens, start, n, spoken, run)]
+        drafts, offset = histories.drafts, histories.offset
+        spoken, run = self._scan(drafts[:offset], 0, spoken, run)
+        positions = [(spoken, run)]
+        for draft in drafts[offset:offset + histories.count - 1]:
+            spoken, run = self._scan((draft,), 0, spoken, run)
+            positions.append((spoken, run))
+        # positions past the last draft see no more of them (their history is the one before)
+        return positions + positions[-1:] * (histories.count - len(positions))
+
     def next_marker(self, history: Sequence[int]) -> int:
         return self.expected[min(self.position(history)[0], len(self.expected) - 1)]
 
@@ -115,10 +135,14 @@ class MarkerMergeConstraint(DecodeConstraint):
         """Per history: (the marker its merged mass goes to, forced: only that marker may follow, held:
         that marker may not follow yet). Speech opens with the first phoneme's marker; a phoneme at its cap
         ends, one short of its minimum goes on (a cap wins over a minimum)."""
+        if isinstance(histories, DraftedHistories):
+            positions, lengths = self._drafted_positions(histories), histories.lengths()
+        else:
+            positions, lengths = self._positions(histories), [len(h) for h in histories]
         targets, forced, held = [], [], []
-        for h, (spoken, run) in zip(histories, self._positions(histories), strict=True):
+        for length, (spoken, run) in zip(lengths, positions, strict=True):
             targets.append(self.expected[min(spoken, len(self.expected) - 1)])
-            must = len(h) == 0 or self._must_advance(spoken, run)
+            must = length == 0 or self._must_advance(spoken, run)
             forced.append(must)
             held.append(not must and not self._may_advance(spoken, run))
         return targets, forced, held
