@@ -77,7 +77,8 @@ class DecodeConstraint(ABC):
 
     @abstractmethod
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
-        """logits: [n, V] float; histories: n generated-token lists -> constrained logits [n, V]."""
+        """logits: [n, V] float; histories: n generated-token lists (from the engine a DraftedHistories,
+        whose items are those lists) -> constrained logits [n, V]."""
 
     @classmethod
     def apply_rows(cls, constraints: Sequence[DecodeConstraint], logits: torch.Tensor,
