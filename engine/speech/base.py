@@ -58,8 +58,8 @@ class DraftedHistories(Sequence[list[int]]):
 
     def lengths(self) -> list[int]:
         """len() of each position's history."""
-        n = self.generated()
-        return [n + len(self.drafts[:self.offset + i]) for i in range(self.count)]
+        n, drafted = self.generated(), len(self.drafts)
+        return [n + min(drafted, self.offset + i) for i in range(self.count)]
 
 
 class DecodeConstraint(ABC):

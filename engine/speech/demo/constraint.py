@@ -104,7 +104,7 @@ class MarkerMergeConstraint(DecodeConstraint):
         tokens, start, n = histories.tokens, histories.start, histories.generated()
         known = next((e for e in self._read if e[0] is tokens and e[1] == start and e[2] <= n), None)
         read, spoken, run = (known[2], known[3], known[4]) if known else (0, 0, 0)
-        spoken, run = self._scan(tokens[start + read:start + n], 0, spoken, run)
+        spoken, run = self._scan(tokens, start + read, spoken, run)
         self._read = [e for e in self._read if e is not known][-3:] + [(tokens, start, n, spoken, run)]
         drafts, offset = histories.drafts, histories.offset
         spoken, run = self._scan(drafts[:offset], 0, spoken, run)
