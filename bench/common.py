@@ -24,7 +24,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -197,6 +197,76 @@ def timed_decode(engine: Engine, prompts: list, params: list, batch_size: int
     return tokens, time.perf_counter() - start
 
 
+def alternating_decodes(engine: Engine, prompts: list, params: list, batch_size: int,
+                        forms: dict[str, Callable[[], None]], repeats: int) -> dict:
+    """Tokens/s of two forms of one engine side by side: `forms` maps each form's name to a callable that puts
+    the engine in it; the prompts are decoded in consecutive batches of `batch_size` once per form and
+    repeat, the order flipped every repeat (a shared machine drifts by more than the change between runs
+    minutes apart), after one untimed decode (a batch size's first decode pays one-time costs). Returns
+    {"tokens_per_s": {form: [per repeat]}, "ratios": [second / first per repeat], "ratio_median"}; the
+    engine is left in the first form."""
+    first, second = forms
+    timed_decode(engine, prompts[:batch_size], params[:batch_size], batch_size)
+    rates: dict[str, list[float]] = {first: [], second: []}
+    for repeat in range(repeats):
+        for form in (first, second) if repeat % 2 == 0 else (second, first):
+            forms[form]()
+            tokens, seconds = timed_decode(engine, prompts, params, batch_size)
+            rates[form].append(sum(map(len, tokens)) / seconds)
+    forms[first]()
+    ratios = [b / a for a, b in zip(rates[first], rates[second], strict=True)]
+    return {"tokens_per_s": rates, "ratios": ratios, "ratio_median": statistics.median(ratios)}
+
+
+def alternating_forwards(engine: Engine, prompts: list, params: list, forms: dict[str, Callable[[], None]],
+                         at: Iterable[int], repeats: int) -> list[dict]:
+    """One batched forward of the target timed in each form side by side, over the same K/V: the prompts are
+    decoded together, and at the `at`-th forwards of the whole batch's rows (decode forwards target-only,
+    verify forwards of γ+1 tokens a row when speculating) that same forward runs `repeats` times in each
+    form, the order flipped every round, then the decode goes on (rewriting the same K/V slots with the same
+    values leaves it unchanged). Per forward: rows, tokens per row, context, and per form its median ms,
+    the first form's median over it, and its hidden states' largest difference from the first form's
+    (0.0: the same bits). The engine is left in the first form."""
+    from pcgtts.engine.model import llama
+
+    model, rows, at = engine.target.model, len(prompts), set(at)
+    forward, seen, measured = llama.LlamaModel.hidden_states, [0], []
+
+    def compare(ids, meta, cache, backend) -> dict:
+        outputs, times = {}, {form: [] for form in forms}
+        for form, put in forms.items():
+            put()
+            outputs[form] = forward(model, ids, meta, cache, backend)
+        for i in range(repeats):
+            for form in (forms if i % 2 == 0 else reversed(forms)):
+                forms[form]()
+                start = time.perf_counter()
+                forward(model, ids, meta, cache, backend)
+                times[form].append(time.perf_counter() - start)
+        first = next(iter(forms))
+        forms[first]()
+        medians = {form: statistics.median(t) for form, t in times.items()}
+        context = int(meta.positions.max()) + 1
+        return {"rows": ids.shape[0], "tokens_per_row": ids.shape[1], "context": context,
+                "forms": {form: {"ms": 1e3 * m, "first_over_this": medians[first] / m,
+                                 "max_abs_diff": float((outputs[form] - outputs[first]).abs().max())}
+                          for form, m in medians.items()}}
+
+    def timed(self, ids, meta, cache, backend):
+        if self is model and ids.shape[0] == rows and meta.row_positions is not None:
+            seen[0] += 1
+            if seen[0] in at:
+                measured.append(compare(ids, meta, cache, backend))
+        return forward(self, ids, meta, cache, backend)
+
+    llama.LlamaModel.hidden_states = timed
+    try:
+        engine.generate(prompts, params)
+    finally:
+        llama.LlamaModel.hidden_states = forward
+    return measured
+
+
 def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int = 3,
                   decode_graphs: str = "eager", device: str = "cpu", dtype: str = "auto",
                   compile_cache_dir: Path | None = None, deterministic: str | None = None,
@@ -208,9 +278,9 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
     `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
     EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
     is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa;
-    cpu_weights: fp16 | fp32 | bf16, cpu_kv: fp16 | fp32 (None for these: EngineConfig's); draft_branches:
-    k of a token tree; speculation, speculation_lengths: EngineConfig's (the policy; "always" by default, as
-    a benchmark of one draft length wants)."""
+    cpu_weights: fp16 | fp32 | bf16 | int8, cpu_kv: fp16 | fp32 (None for these: EngineConfig's);
+    draft_branches: k of a token tree; speculation, speculation_lengths: EngineConfig's (the policy; "always"
+    by default, as a benchmark of one draft length wants)."""
     from pcgtts.engine import Engine, EngineConfig
     from pcgtts.engine.acceptance import uses_asg_table
 

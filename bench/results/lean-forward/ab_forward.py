@@ -27,12 +27,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
-from pcgtts.bench.common import bundle_engine, machine, speech_requests, timed_decode, write_json
+from pcgtts.bench.common import (
+    alternating_decodes,
+    alternating_forwards,
+    bundle_engine,
+    machine,
+    speech_requests,
+    write_json,
+)
 from pcgtts.engine import attention
 from pcgtts.engine.model import llama
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
@@ -70,41 +77,11 @@ def measure(rule: str, args) -> list[dict]:
     bundle = ModelBundle.from_dir(args.model)
     engine = bundle_engine(bundle, rule, max_num_seqs=args.batch)
     engine.generate(*speech_requests(bundle, 2, 0.8, 20))  # warm-up
-    switch, forward, seen, rows = FormSwitch(), llama.LlamaModel.hidden_states, [0], []
-
-    def timed(model, ids, meta, cache, backend):
-        if model is engine.target.model and ids.shape[0] == args.batch and meta.row_positions is not None:
-            seen[0] += 1
-            if seen[0] in args.at:
-                rows.append(compare(model, ids, meta, cache, backend))
-        return forward(model, ids, meta, cache, backend)
-
-    def compare(model, ids, meta, cache, backend) -> dict:
-        outputs, times = {}, {form: [] for form in FORMS}
-        for form in FORMS:
-            switch.set(form)
-            outputs[form] = forward(model, ids, meta, cache, backend)
-        for i in range(args.repeats):
-            for form in (FORMS if i % 2 == 0 else reversed(FORMS)):
-                switch.set(form)
-                start = time.perf_counter()
-                forward(model, ids, meta, cache, backend)
-                times[form].append(time.perf_counter() - start)
-        switch.set("this build")
-        medians = {form: statistics.median(t) for form, t in times.items()}
-        return {"rule": rule, "rows": ids.shape[0], "tokens_per_row": ids.shape[1],
-                "context": int(meta.positions.max()) + 1,
-                "forms": {form: {"ms": 1e3 * m, "before_over_this": medians["before"] / m,
-                                 "same_bits_as_before": bool(torch.equal(outputs[form], outputs["before"])),
-                                 "max_abs_diff": float((outputs[form] - outputs["before"]).abs().max())}
-                          for form, m in medians.items()}}
-
-    llama.LlamaModel.hidden_states = timed
-    try:
-        engine.generate(*speech_requests(bundle, args.batch, 0.8, args.max_tokens))
-    finally:
-        llama.LlamaModel.hidden_states = forward
-    return rows
+    switch = FormSwitch()
+    forms = {form: partial(switch.set, form) for form in FORMS}
+    rows = alternating_forwards(engine, *speech_requests(bundle, args.batch, 0.8, args.max_tokens), forms,
+                                args.at, args.repeats)
+    return [{"rule": rule, **row} for row in rows]
 
 
 def decodes(rule: str, args) -> list[dict]:
@@ -118,16 +95,11 @@ def decodes(rule: str, args) -> list[dict]:
     engine.generate(*speech_requests(bundle, 2, 0.8, 20))  # warm-up
     rows = []
     for batch in args.batch_sizes:
-        rates = {"before": [], "this build": []}
-        for i in range(args.decode_repeats):
-            for form in (("before", "this build") if i % 2 == 0 else ("this build", "before")):
-                switch.set(form)
-                tokens, seconds = timed_decode(engine, prompts, params, batch)
-                rates[form].append(sum(map(len, tokens)) / seconds)
+        ab = alternating_decodes(engine, prompts, params, batch,
+                                 {form: partial(switch.set, form) for form in ("before", "this build")},
+                                 args.decode_repeats)
         switch.set("this build")
-        ratios = [t / b for b, t in zip(rates["before"], rates["this build"], strict=True)]
-        rows.append({"rule": rule, "batch": batch, "seeded": args.seeded, "tokens_per_s": rates,
-                     "ratio_median": statistics.median(ratios), "ratios": ratios})
+        rows.append({"rule": rule, "batch": batch, "seeded": args.seeded, **ab})
     return rows
 
 
@@ -139,9 +111,9 @@ def markdown(result: dict) -> str:
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for row in result["rows"]:
         for form, r in row["forms"].items():
-            bits = "yes" if r["same_bits_as_before"] else f"no (max abs diff {r['max_abs_diff']:.1e})"
+            bits = "yes" if r["max_abs_diff"] == 0 else f"no (max abs diff {r['max_abs_diff']:.1e})"
             lines.append(f"| {row['rule']} | {row['rows']} x {row['tokens_per_row']} | {row['context']} | "
-                         f"{form} | {r['ms']:.2f} | {r['before_over_this']:.2f}x | {bits} |")
+                         f"{form} | {r['ms']:.2f} | {r['first_over_this']:.2f}x | {bits} |")
     if result["decodes"]:
         kind = "seeded" if result["seeded"] else "unseeded"
         lines += ["", f"Whole decodes ({result['utterances']} utterances, {result['max_tokens']} tokens at "

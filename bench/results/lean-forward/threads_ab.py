@@ -13,12 +13,18 @@ Writes OUT/threads_ab.json and OUT/threads_ab.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
-from pcgtts.bench.common import bundle_engine, machine, speech_requests, timed_decode, write_json
+from pcgtts.bench.common import (
+    alternating_decodes,
+    bundle_engine,
+    machine,
+    speech_requests,
+    write_json,
+)
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 
 
@@ -39,19 +45,13 @@ def main() -> None:
         params = [replace(p, seed=None) for p in params]
         for batch in args.batch_sizes:
             torch.set_num_threads(1)
-            timed_decode(engine, prompts[:batch], params[:batch], batch)  # warm
-            rates: dict[int, list[float]] = {1: [], 2: []}
-            for repeat in range(args.repeats):
-                for threads in (1, 2) if repeat % 2 == 0 else (2, 1):
-                    torch.set_num_threads(threads)
-                    tokens, seconds = timed_decode(engine, prompts, params, batch)
-                    rates[threads].append(sum(map(len, tokens)) / seconds)
-            torch.set_num_threads(1)
-            ratios = [two / one for one, two in zip(rates[1], rates[2], strict=True)]
-            rows.append({"rule": rule, "batch": batch, "one_thread_tokens_per_s": rates[1],
-                         "two_threads_tokens_per_s": rates[2], "ratio_median": statistics.median(ratios),
-                         "ratios": ratios})
-            print(rule, batch, f"{statistics.median(ratios):.3f}", flush=True)
+            threads = {"1": partial(torch.set_num_threads, 1), "2": partial(torch.set_num_threads, 2)}
+            ab = alternating_decodes(engine, prompts, params, batch, threads, args.repeats)
+            rates = ab["tokens_per_s"]
+            rows.append({"rule": rule, "batch": batch, "one_thread_tokens_per_s": rates["1"],
+                         "two_threads_tokens_per_s": rates["2"], "ratio_median": ab["ratio_median"],
+                         "ratios": ab["ratios"]})
+            print(rule, batch, f"{ab['ratio_median']:.3f}", flush=True)
     sizes = " ".join(map(str, args.batch_sizes))
     command = (f"python bench/results/lean-forward/threads_ab.py --batch-sizes {sizes}"
                f" --utterances {args.utterances} --max-tokens {args.max_tokens} --repeats {args.repeats}")
