@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "+ a deterministic mode (EngineConfig.deterministic: seeded, always, off), e.g. "
                              "eager+off for forwards that are not batch-invariant; and optionally "
                              "/ a CPU attention (EngineConfig.cpu_attention: rows, sdpa) and / the CPU "
-                             "weights (EngineConfig.cpu_weights: auto, fp16, fp32, bf16) and / kv: the "
+                             "weights (EngineConfig.cpu_weights: auto, fp16, fp32, bf16, int8) and / kv: the "
                              "CPU K/V store (EngineConfig.cpu_kv: kv:fp16, kv:fp32), "
                              "e.g. eager/sdpa/fp32/kv:fp32")
     parser.add_argument("--rules", nargs="+", default=["target-only", "exact", "pcg"],

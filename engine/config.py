@@ -88,7 +88,11 @@ class EngineConfig:
     # multiply bf16 inputs by a bf16 copy of the weights through oneDNN, AMX tiles where the CPU has them:
     # rounded weights and inputs, a quality-measured trade, bench/results/bf16-weights/; under a plan, at
     # every row count, the projections whose bf16 rows oneDNN keeps alike in any call of up to 128 rows,
-    # measured at start-up, bench/results/bf16-seeded/; where oneDNN has no native bf16 it is fp16).
+    # measured at start-up, bench/results/bf16-seeded/; where oneDNN has no native bf16 it is fp16) or
+    # "int8" (fp16's, and the products over normed inputs or attention (qkv, o, gate_up: not down, not the
+    # LM heads, LlamaModel.int8_projections) of 4 rows or more in steps outside a plan through
+    # fbgemm's dynamic int8 GEMM: weights per channel and each call's input rounded to int8, a
+    # quality-measured trade, bench/results/int8-weights/; where fbgemm does not run it is fp16).
     # "auto": bf16 where the CPU has AMX tiles (where it was measured), else fp16. Other checkpoints,
     # devices and dtypes keep their own.
     cpu_weights: str = "auto"
@@ -111,7 +115,7 @@ class EngineConfig:
 
 DETERMINISTIC_MODES = ("seeded", "always", "off")
 CPU_ATTENTION = ("rows", "sdpa")
-CPU_WEIGHTS = ("auto", "fp16", "fp32", "bf16")
+CPU_WEIGHTS = ("auto", "fp16", "fp32", "bf16", "int8")
 CPU_KV = ("fp16", "fp32")
 
 

@@ -146,15 +146,20 @@ class Engine:
                                      num_blocks, block_size, backend, decode_tokens=(1, 2), **graphs)
         self.half_weight_products = 0  # projections multiplying from an fp16 copy of their weights
         self.bf16_weight_products = 0  # projections multiplying from a bf16 copy of their weights (at batch)
+        self.int8_weight_products = 0  # projections multiplying from an int8 copy of their weights (at batch)
         self.cpu_weights = resolve_cpu_weights(config.cpu_weights)
-        if self.cpu_weights in ("fp16", "bf16") and few_op_forms(self.device, self.dtype, compiled):
+        eager_float32 = few_op_forms(self.device, self.dtype, compiled)
+        if self.cpu_weights in ("fp16", "bf16", "int8") and eager_float32:
             self.half_weight_products = sum(p.use_half_weights() for p in self._projections())
-        if self.cpu_weights == "bf16" and few_op_forms(self.device, self.dtype, compiled):
+        if self.cpu_weights == "bf16" and eager_float32:
             # not the LM heads: bf16 rounds each logit to 8 bits (a step of 1/16 at 16), which would move
             # the sampling distribution itself; the heads keep their fp16 copies
             heads = [self.target.model.lm_head] + ([self.draft.model.lm_head] if self.draft else [])
             self.bf16_weight_products = sum(p.use_bf16_weights() for p in self._projections()
                                             if not any(p is h for h in heads))
+        if self.cpu_weights == "int8" and eager_float32:
+            self.int8_weight_products = sum(p.use_int8_weights() for part in self._parts()
+                                            for p in part.int8_projections())
         self.invariance = self._invariance_plan()  # PLAIN when forwards are never made batch-invariant
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft

@@ -81,7 +81,7 @@ class TTSConfig:
     kv_mirror_mb: int = EngineConfig.kv_mirror_bytes >> 20  # eager CPU: contiguous per-row K/V, MiB per model
     deterministic: str = EngineConfig.deterministic  # batch-invariant forwards: seeded | always | off
     cpu_attention: str = EngineConfig.cpu_attention  # eager CPU attention: rows | sdpa (EngineConfig)
-    cpu_weights: str = EngineConfig.cpu_weights  # eager CPU products: auto | fp16 | fp32 | bf16
+    cpu_weights: str = EngineConfig.cpu_weights  # eager CPU products: auto | fp16 | fp32 | bf16 | int8
     cpu_kv: str = EngineConfig.cpu_kv  # eager CPU rows-attention K/V store: fp16 | fp32 (EngineConfig)
     max_tokens: int = 1000  # default cap on generated tokens per sentence
     decode_threads: int = 1  # codec threads; more only helps with spare cores and many streams

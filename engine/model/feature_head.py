@@ -90,6 +90,10 @@ class FeatureHead:
     def projections(self) -> list[Projection]:
         return [p for block in self.blocks for p in (block.gate_up, block.down)]
 
+    def int8_projections(self) -> list[Projection]:
+        """As LlamaModel.int8_projections: the normed inputs' products, not `down`."""
+        return [block.gate_up for block in self.blocks]
+
     def norms(self) -> list[RMSNorm]:
         return [self.token_norm] + [block.norm for block in self.blocks]
 

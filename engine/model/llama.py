@@ -9,6 +9,7 @@ RMSNorm as a layer norm), equal to float32 rounding.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -64,8 +65,8 @@ class RMSNorm:
 HALF_MIN_ROWS = 2
 
 
-def fbgemm_half_available() -> bool:
-    """fbgemm's fp16-weight GEMM runs here (x86 with AVX2 or better)."""
+def fbgemm_available() -> bool:
+    """fbgemm's GEMMs (fp16 weights, dynamic int8) run here (x86 with AVX2 or better)."""
     return ("fbgemm" in torch.backends.quantized.supported_engines
             and torch.backends.cpu.get_cpu_capability() != "DEFAULT")
 
@@ -78,6 +79,12 @@ BF16_MIN_ROWS = 16
 # rows covers (batch_invariance.invariant_anywhere): past 128 rows the 688 -> 256 product also changed
 # blocking with the count (bench/results/bf16-seeded/); larger inputs are multiplied in calls of this many
 BF16_CALL_ROWS = 128
+
+
+# Fewest rows a product takes from the int8 copy of its weights (use_int8_weights) outside a batch-invariance
+# plan: below, fbgemm's per-call quantization of the input costs about what the smaller weights save
+# (bench/results/int8-weights/)
+INT8_MIN_ROWS = 4
 
 
 def onednn_bf16_native() -> bool:
@@ -116,6 +123,7 @@ class Projection:
         self.bias = bias
         self.half = None  # fbgemm's packed fp16 copy of W and b (use_half_weights), or None
         self.bf16 = None  # oneDNN's packed bf16 copy of W (use_bf16_weights), or None
+        self.int8 = None  # fbgemm's packed int8 copy of W (use_int8_weights), or None
         self.bf16_min_rows = BF16_MIN_ROWS
         self.invariant = False  # under an active batch-invariance plan
         # oneDNN computes this product's rows alike at every count up to BF16_CALL_ROWS (measured by the
@@ -129,7 +137,7 @@ class Projection:
     def use_half_weights(self) -> bool:
         """Multiply from an fp16 copy of W where that loses nothing (CPU float32, input-major, every value
         exactly fp16) and fbgemm runs here; whether it does now."""
-        if not self.input_major or self.weight.dtype != torch.float32 or not fbgemm_half_available():
+        if not self.input_major or self.weight.dtype != torch.float32 or not fbgemm_available():
             return False
         w = self.weight.t()  # [out, in]
         if not torch.equal(w.half().float(), w):
@@ -149,6 +157,26 @@ class Projection:
             return False
         w = self.weight.t().contiguous().bfloat16()  # [out, in], what oneDNN's linear packs
         self.bf16 = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+        return True
+
+    def use_int8_weights(self) -> bool:
+        """Multiply products of INT8_MIN_ROWS rows or more in steps outside a batch-invariance plan from an
+        int8 copy of W through fbgemm's dynamic int8 GEMM: each output channel of W rounded to 255 levels
+        (symmetric, step max|W_row| / 127), the input rounded at each call to 128 levels between its min and
+        max (fbgemm's AVX2 kernel keeps inputs to 7 bits so that its u8 x s8 pair sums cannot saturate),
+        products summed in int32 and scaled back to float32. Not the checkpoint's numbers: a setting whose
+        quality is measured (bench/results/int8-weights/). One call's rows share the input's range, so a
+        row's rounding depends on its batch mates: never under a plan (seeded and greedy steps, prefills),
+        whose rows must be alike whatever shares the forward. Where fbgemm runs; whether it does now."""
+        if not self.input_major or self.weight.dtype != torch.float32 or not fbgemm_available():
+            return False
+        w = self.weight.t().contiguous()  # [out, in]
+        step = (w.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)  # [out]
+        with warnings.catch_warnings():  # torch deprecates quantized tensors; fbgemm's packing takes one
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w, step.double(), torch.zeros_like(step, dtype=torch.long), 0,
+                                           torch.qint8)
+            self.int8 = torch.ops.quantized.linear_prepack(q, None)
         return True
 
     def apply_plan(self, plan: InvariancePlan) -> None:
@@ -173,6 +201,9 @@ class Projection:
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """The matrix product alone, rows as given."""
+        if self.int8 is not None and not self.invariant and x.shape[0] >= INT8_MIN_ROWS:
+            y = torch.ops.quantized.linear_dynamic(x, self.int8, True)  # True: 7-bit inputs (AVX2, above)
+            return y if self.bias is None else y.add_(self.bias)
         if self.bf16 is None:
             return self.weights_product(x)
         if self.bf16_in_plan if self.invariant else x.shape[0] >= self.bf16_min_rows:
@@ -239,6 +270,15 @@ class LlamaModel:
     def projections(self) -> list[Projection]:
         """Every matrix product of the forward, the LM head last."""
         return [p for w in self.layers for p in (w.qkv, w.o, w.gate_up, w.down)] + [self.lm_head]
+
+    def int8_projections(self) -> list[Projection]:
+        """The products an int8 copy may serve (EngineConfig.cpu_weights "int8"): those whose inputs have
+        one range across their entries, a normed residual (qkv, gate_up) or attention's output (o), where
+        128 input levels keep the product within about 1% (relative error against the fp16 weights'
+        product in a batch-16 decode of the bundle). Not `down`, whose input silu(gate)·up has a few large
+        entries per row that leave the rest a handful of levels (6-11%), nor the LM head, where rounding
+        moves the sampling distribution itself."""
+        return [p for w in self.layers for p in (w.qkv, w.o, w.gate_up)]
 
     def norms(self) -> list[RMSNorm]:
         """Every RMSNorm of the forward, the final one last."""

@@ -8,7 +8,7 @@ import json
 import pytest
 from pcgtts.bench import profile
 from pcgtts.bench.common import bundle_engine, speech_requests
-from pcgtts.engine.model.llama import fbgemm_half_available
+from pcgtts.engine.model.llama import fbgemm_available
 from pcgtts.tts.bundle import DEFAULT_MODEL_DIR, ModelBundle
 from server_support import build_tiny_bundle
 
@@ -55,8 +55,8 @@ def test_bench_step_runs_each_attention_and_weights_it_is_given(tmp_path):
     label; an unknown setting is refused; the shipped bundle's fp16 weights get their copies unless fp32."""
     bundle = build_tiny_bundle(tmp_path / "bundle")
     out = tmp_path / "out"
-    with pytest.raises(SystemExit, match="unknown setting 'int8'"):
-        pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager/int8", "--out", str(out)])
+    with pytest.raises(SystemExit, match="unknown setting 'int4'"):
+        pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager/int4", "--out", str(out)])
     assert pcgtts_main(["bench", "step", "--model", str(bundle), "--graphs", "eager", "eager+off/sdpa/fp32",
                         "--rules", "target-only", "--batch-sizes", "2", "--repeats", "1",
                         "--max-tokens", "12", "--utterances", "2", "--out", str(out)]) == 0
@@ -67,6 +67,6 @@ def test_bench_step_runs_each_attention_and_weights_it_is_given(tmp_path):
     engines = {a: bundle_engine(tiny, "pcg", cpu_attention=a) for a in ("rows", "sdpa")}
     assert engines["rows"].target.row_attention and not engines["sdpa"].target.row_attention
     shipped = ModelBundle.from_dir(DEFAULT_MODEL_DIR)
-    if fbgemm_half_available():
+    if fbgemm_available():
         assert bundle_engine(shipped, "target-only").half_weight_products > 0
     assert bundle_engine(shipped, "target-only", cpu_weights="fp32").half_weight_products == 0

@@ -137,7 +137,7 @@ def test_projection_equals_linear_in_both_layouts_and_keeps_a_tied_matrix_shared
     assert tied.weight.data_ptr() == weight.data_ptr()
 
 
-@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).fbgemm_half_available(),
+@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).fbgemm_available(),
                     reason="fbgemm's fp16 GEMM needs x86 with AVX2")
 def test_half_weights_only_where_exact_and_products_agree_with_fp32():
     """An fp16 copy of W is made only when every value of W is exactly fp16 (input-major CPU float32):
@@ -254,6 +254,86 @@ def test_bf16_engine_takes_bf16_in_seeded_steps_only_where_oneDNN_keeps_rows_ali
     assert not torch.equal(qkv(x), qkv.weights_product(x))
 
 
+@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).fbgemm_available(),
+                    reason="fbgemm's int8 GEMM needs x86 with AVX2")
+def test_int8_products_at_batch_round_weights_per_channel_and_inputs_per_call_and_never_under_a_plan():
+    """An int8 copy of W serves products of INT8_MIN_ROWS rows or more outside a plan: each equals the
+    product of W rounded per output channel to 255 levels and the call's input rounded to 128 levels over
+    its min..max (7-bit, fbgemm's AVX2 kernel), summed exactly, plus the bias; fewer rows, and every row
+    count under an active batch-invariance plan, are the checkpoint weights' product bit for bit. The
+    rounding is real (not the float32 product) and small for inputs of one range."""
+    from pcgtts.engine.batch_invariance import PLAIN, InvariancePlan
+    from pcgtts.engine.model.llama import INT8_MIN_ROWS, Projection
+
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64).half().float(), torch.randn(96)
+    proj = Projection(weight, bias)
+    assert proj.use_half_weights() and proj.use_int8_weights() and proj.int8 is not None
+    w_step = weight.abs().amax(dim=1, keepdim=True) / 127  # [96, 1]
+    packed, _ = torch.ops.quantized.linear_unpack(proj.int8)
+    w_int8 = packed.dequantize()  # [96, 64]: W on its channel's grid, the nearest level (a tie either way)
+    assert torch.allclose(w_int8 / w_step, torch.round(w_int8 / w_step), atol=1e-3)
+    assert ((w_int8 - weight).abs() <= w_step / 2 * (1 + 1e-4)).all()
+    for rows in [1, INT8_MIN_ROWS - 1, INT8_MIN_ROWS, 16, 64, 300]:
+        x = torch.randn(rows, 64)
+        if rows < INT8_MIN_ROWS:
+            assert torch.equal(proj(x), proj.weights_product(x))
+            continue
+        # the input's grid: 128 levels from min to max, zero exactly on it (an integer zero point)
+        lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        x_step = torch.tensor((hi - lo) / 127, dtype=torch.float32)
+        zero = round(-lo / float(x_step))
+        # fbgemm multiplies by the step's float32 inverse (a tie may round either way against a division)
+        x_int8 = (torch.clamp(torch.round(x * (1 / x_step)) + zero, 0, 127) - zero) * x_step
+        expected = torch.nn.functional.linear(x_int8.double(), w_int8.double()).float() + bias
+        torch.testing.assert_close(proj(x), expected, rtol=1e-4, atol=1e-4)
+        exact = torch.nn.functional.linear(x, weight, bias)
+        error = float((proj(x) - exact).norm() / (exact - bias).norm())
+        assert 1e-3 < error < 0.03, error  # the rounding is there, and it is small
+        proj.apply_plan(InvariancePlan(row_quantum=4, key_tile=512))
+        assert torch.equal(proj(x), proj.weights_product(x))
+        proj.apply_plan(PLAIN)
+    assert not Projection(weight, copy=False).use_int8_weights()  # a tied head: W as given
+    assert not Projection(weight.half()).use_int8_weights()
+
+
+@pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).fbgemm_available(),
+                    reason="fbgemm's int8 GEMM needs x86 with AVX2")
+def test_int8_engine_rounds_only_unseeded_steps_and_keeps_seeded_tokens(tmp_path):
+    """cpu_weights="int8": the target's qkv, o and gate_up (not down, not the LM heads) and the Llama draft's
+    take int8 copies. Seeded requests run under the batch-invariance plan, so they decode the very tokens
+    the fp16 engine gives them, together or one at a time; unseeded steps of the same batch multiply
+    through the int8 copies, and their tokens are the speech a sampler draws (within the vocabulary,
+    the lengths asked)."""
+    from engine_support import engine_config, save_draft_from
+    from pcgtts.engine import Engine, SamplingParams
+
+    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
+    draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
+    prompts = [[3 + i, 4, 5 + i] for i in range(6)]
+    seeded = [SamplingParams(temperature=1.0, max_tokens=30, seed=50 + i) for i in range(6)]
+
+    def engine(weights):
+        return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
+
+    int8, fp16 = engine("int8"), engine("fp16")
+    parts = [int8.target.model, int8.draft.model]
+    chosen = [p for part in parts for w in part.layers for p in (w.qkv, w.o, w.gate_up)]
+    assert int8.int8_weight_products == len(chosen) == 2 * 3 + 3 and all(p.int8 is not None for p in chosen)
+    spared = [p for part in parts for p in part.projections() if not any(p is c for c in chosen)]
+    assert spared and all(p.int8 is None for p in spared) and fp16.int8_weight_products == 0
+    assert int8.invariance.active
+    reference = [g.token_ids for g in fp16.generate(prompts, seeded)]
+    assert [g.token_ids for g in int8.generate(prompts, seeded)] == reference
+    alone = [int8.generate([p], [s])[0].token_ids for p, s in zip(prompts[:2], seeded[:2], strict=True)]
+    assert alone == reference[:2]
+    unseeded = int8.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=30) for _ in prompts])
+    assert all(len(g.token_ids) == 30 and all(0 <= t < 256 for t in g.token_ids) for g in unseeded)
+    qkv = int8.target.model.layers[0].qkv
+    x = torch.randn(6 * 4, qkv.in_features)  # an unseeded verify step's rows, outside a plan
+    assert not torch.equal(qkv(x), qkv.weights_product(x))
+
+
 def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_path):
     """An fp16 target: with cpu_weights="fp16" every projection of it multiplies from its fp16
     copy where fbgemm runs, the float32 draft's noisy layers keep MKL's (the batch-invariance plan then
@@ -261,7 +341,7 @@ def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_pa
     float32 checkpoint makes no copies; an unknown setting fails at start."""
     from engine_support import engine_config, save_draft_from
     from pcgtts.engine import Engine, SamplingParams
-    from pcgtts.engine.model.llama import fbgemm_half_available
+    from pcgtts.engine.model.llama import fbgemm_available
 
     target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
     draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
@@ -274,7 +354,7 @@ def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_pa
     half, tokens = run(cpu_weights="fp16")
     fp32, reference = run(cpu_weights="fp32")
     assert fp32.half_weight_products == 0
-    if fbgemm_half_available():
+    if fbgemm_available():
         assert all(p.half is not None for p in half.target.model.projections())
         assert any(p.half is None for p in half.draft.model.projections())  # its noisy layers
         assert half.invariance.active
@@ -282,7 +362,7 @@ def test_engine_over_an_fp16_checkpoint_decodes_alike_with_either_weights(tmp_pa
     float32 = save_tiny_llama(tmp_path / "float32", vocab=256, layers=2, seed=3)
     assert Engine(engine_config(float32)).half_weight_products == 0
     with pytest.raises(ValueError, match="cpu_weights"):
-        Engine(engine_config(target, cpu_weights="int8"))
+        Engine(engine_config(target, cpu_weights="int4"))
 
 
 def test_layer_norm_form_of_rms_norm_agrees_with_the_reference_formula():
