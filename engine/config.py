@@ -90,7 +90,7 @@ class EngineConfig:
     # every row count, the projections whose bf16 rows oneDNN keeps alike in any call of up to 128 rows,
     # measured at start-up, bench/results/bf16-seeded/; where oneDNN has no native bf16 it is fp16) or
     # "int8" (fp16's, and the products over normed inputs or attention (qkv, o, gate_up: not down, not the
-    # LM heads, LlamaModel.int8_projections) of 4 rows or more in steps outside a plan through
+    # LM heads, LlamaModel.int8_projections) of 8 rows or more in steps outside a plan through
     # fbgemm's dynamic int8 GEMM: weights per channel and each call's input rounded to int8, a
     # quality-measured trade, bench/results/int8-weights/; where fbgemm does not run it is fp16).
     # "auto": bf16 where the CPU has AMX tiles (where it was measured), else fp16. Other checkpoints,

@@ -78,7 +78,7 @@ class ServerSettings:
                             "else fp16) | fp16 (multiply from an "
                             "fp16 copy where the checkpoint's weights are exactly fp16) | fp32 | bf16 (fp16, "
                             "and bf16 products at 16 rows or more in unseeded steps, oneDNN/AMX) | "
-                            "int8 (fp16, and fbgemm's dynamic int8 qkv, o and gate_up products at 4 rows "
+                            "int8 (fp16, and fbgemm's dynamic int8 qkv, o and gate_up products at 8 rows "
                             "or more in unseeded steps)")
     cpu_kv: str = _opt(TTSConfig.cpu_kv, "eager CPU float32 K/V store under the rows' attention: fp16 (K/V "
                        "rounded to fp16 as written, half the bytes attention reads) | fp32")

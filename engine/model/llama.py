@@ -82,9 +82,10 @@ BF16_CALL_ROWS = 128
 
 
 # Fewest rows a product takes from the int8 copy of its weights (use_int8_weights) outside a batch-invariance
-# plan: below, fbgemm's per-call quantization of the input costs about what the smaller weights save
+# plan: from 8 rows the products ran 1.25-1.56x faster than fp16's; a forward of 6 rows gained nothing
+# measurable (1.00-1.05x) and batch-1 PCG decodes, through 4-row verify forwards, measured 0.90-0.99x
 # (bench/results/int8-weights/)
-INT8_MIN_ROWS = 4
+INT8_MIN_ROWS = 8
 
 
 def onednn_bf16_native() -> bool:
