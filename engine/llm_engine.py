@@ -160,6 +160,8 @@ class Engine:
         if self.cpu_weights == "int8" and eager_float32:
             self.int8_weight_products = sum(p.use_int8_weights() for part in self._parts()
                                             for p in part.int8_projections())
+            if not self.int8_weight_products:  # fbgemm does not run here (not x86 with AVX2)
+                log.warning("cpu_weights='int8': no int8 products on this machine; fp16 or fp32 ones instead")
         self.invariance = self._invariance_plan()  # PLAIN when forwards are never made batch-invariant
         # captured graphs are built now, before the engine reports ready, not on the first request
         self.capture_seconds = self.target.warm_up("target") + (self.draft.warm_up("draft") if self.draft
