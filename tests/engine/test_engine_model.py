@@ -210,6 +210,24 @@ def test_bf16_products_at_batch_round_inputs_and_weights_and_under_a_plan_only_w
     assert not Projection(weight.half()).use_bf16_weights()
 
 
+def _weights_engines(tmp_path):
+    """What the reduced-weights engine tests share: an engine factory over an fp16 target (2 layers, vocab
+    256) and a noisy 1-layer draft at γ 3, taking a `cpu_weights` setting; six prompts and their seeded
+    params."""
+    from engine_support import engine_config, save_draft_from
+    from pcgtts.engine import Engine, SamplingParams
+
+    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
+    draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
+    prompts = [[3 + i, 4, 5 + i] for i in range(6)]
+    seeded = [SamplingParams(temperature=1.0, max_tokens=30, seed=50 + i) for i in range(6)]
+
+    def engine(weights):
+        return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
+
+    return engine, prompts, seeded
+
+
 @pytest.mark.skipif(not __import__("pcgtts.engine.model.llama", fromlist=["x"]).onednn_bf16_native(),
                     reason="oneDNN multiplies bf16 natively only with AMX or AVX512-BF16")
 def test_bf16_engine_takes_bf16_in_seeded_steps_only_where_oneDNN_keeps_rows_alike(tmp_path):
@@ -219,18 +237,10 @@ def test_bf16_engine_takes_bf16_in_seeded_steps_only_where_oneDNN_keeps_rows_ali
     some are. Seeded requests give the same tokens one at a time as together (6 x (γ+1) = 24 rows a verify
     forward, what takes bf16 outside a plan); unseeded, the same batch decodes through the bf16 copies
     (its logits move by bf16's rounding)."""
-    from engine_support import engine_config, save_draft_from
-    from pcgtts.engine import Engine, SamplingParams
     from pcgtts.engine.batch_invariance import PLAIN, invariant_anywhere, random_rows
     from pcgtts.engine.model.llama import BF16_CALL_ROWS, BF16_MIN_ROWS
 
-    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
-    draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
-    prompts = [[3 + i, 4, 5 + i] for i in range(6)]
-    seeded = [SamplingParams(temperature=1.0, max_tokens=30, seed=50 + i) for i in range(6)]
-
-    def engine(weights):
-        return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
+    engine, prompts, seeded = _weights_engines(tmp_path)
 
     bf16, fp16 = engine("bf16"), engine("fp16")
     # the default, "auto", takes them where oneDNN has AMX tiles (the CPU they were measured on)
@@ -305,16 +315,9 @@ def test_int8_engine_rounds_only_unseeded_steps_and_keeps_seeded_tokens(tmp_path
     the fp16 engine gives them, together or one at a time; unseeded steps of the same batch multiply
     through the int8 copies, and their tokens are the speech a sampler draws (within the vocabulary,
     the lengths asked)."""
-    from engine_support import engine_config, save_draft_from
-    from pcgtts.engine import Engine, SamplingParams
+    from pcgtts.engine import SamplingParams
 
-    target = save_tiny_llama(tmp_path / "target", vocab=256, layers=2, seed=3, dtype=torch.float16)
-    draft = save_draft_from(target, tmp_path / "draft", layers=1, noise=0.05)
-    prompts = [[3 + i, 4, 5 + i] for i in range(6)]
-    seeded = [SamplingParams(temperature=1.0, max_tokens=30, seed=50 + i) for i in range(6)]
-
-    def engine(weights):
-        return Engine(engine_config(target, draft=draft, num_speculative_tokens=3, cpu_weights=weights))
+    engine, prompts, seeded = _weights_engines(tmp_path)
 
     int8, fp16 = engine("int8"), engine("fp16")
     parts = [int8.target.model, int8.draft.model]
