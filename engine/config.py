@@ -29,8 +29,9 @@ class EngineConfig:
     # named after its file stem. Each is loaded on first use.
     extra_asg_tables: dict[str, str | Path] = field(default_factory=dict)
     num_speculative_tokens: int = 3  # γ; 0 (or no draft) decodes with the target alone
-    # θ: a row drafts its next token only while the draft gave its last proposal at least this probability
-    # (engine/draft_length.py), so γ becomes the most a row drafts; 0: every row drafts γ.
+    # θ: a row's drafts after the first are verified only while the draft's top probability at each of their
+    # positions is at least this (engine/draft_length.py), so γ becomes the most a row drafts; 0: every row
+    # drafts γ.
     draft_confidence: float = 0.0
     # k: a token tree of k branches of γ drafts each (k candidates for the first draft position, drawn
     # without replacement, each followed by its own chain), verified in one forward by recursive rejection

@@ -165,7 +165,7 @@ class SpeculativeDecoder:
         positions = torch.tensor([range(n - 1, n + g) for n in lengths], device=dev)  # [B, γ+1]
         drafts = ids[:, 1:]  # [B, γ] x_1..x_γ (a view)
         draft_probs = torch.empty(b, g, self.vocab_size, device=dev)  # p_1..p_γ
-        confidence = torch.empty(b, g, device=dev)  # p_j(x_j)
+        confidence = torch.empty(b, g, device=dev)  # max_t p_j(t)
 
         # 1. draft up to γ proposals per row (draft_length.py: fewer where the draft is unsure)
         propose = self._propose_with_head if self.head is not None else self._propose_with_draft
@@ -204,14 +204,16 @@ class SpeculativeDecoder:
     def _draw_draft(self, sampler: BatchSampler, logits: torch.Tensor, j: int, drafts: torch.Tensor,
                     draft_probs: torch.Tensor, confidence: torch.Tensor, caps: list[int]) -> bool:
         """Draw proposal j of every row from the draft's logits ([B, 1, V]) into drafts / draft_probs /
-        confidence; whether any row goes on to proposal j+1. Without a confidence threshold that is decided
-        by the rows' γ alone, on the host (no device sync per proposal)."""
+        confidence (the top probability of p_j); whether the draft goes on to proposal j+1. Without a
+        confidence threshold that is decided by the rows' γ alone, on the host (no device sync per
+        proposal)."""
         drafts[:, j] = sampler.probs_and_draw(logits, drafts[:, :j], offset=j, out=draft_probs[:, j])[1]
+        if self.draft_confidence:  # max_t p_j(t), whether x_j is verified: a function of x_1..x_{j-1} only
+            confidence[:, j] = draft_probs[:, j].amax(dim=1)
         if j + 1 >= max(caps):
             return False
         if not self.draft_confidence:
             return True
-        confidence[:, j] = draft_probs[:, j].gather(1, drafts[:, j, None]).squeeze(1)
         return still_drafting(confidence[:, :j + 1], torch.tensor(caps, device=confidence.device),
                               self.draft_confidence)
 

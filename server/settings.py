@@ -45,9 +45,9 @@ class ServerSettings:
                            "speculative acceptance rule: pcg | exact | block | pcg-block | ssd | topk "
                            "| lantern | none")
     num_speculative_tokens: int = _opt(TTSConfig.num_speculative_tokens, "draft length γ (0 = target only)")
-    draft_confidence: float = _opt(TTSConfig.draft_confidence, "θ: a row drafts its next token only while "
-                                   "the draft gave its last proposal at least this probability, so γ is "
-                                   "the most it drafts (builtin engine; 0 = always γ)")
+    draft_confidence: float = _opt(TTSConfig.draft_confidence, "θ: a row verifies its next draft only while "
+                                   "the draft's top probability at each position so far is at least this, "
+                                   "so γ is the most it drafts (builtin engine; 0 = always γ)")
     draft_branches: int = _opt(TTSConfig.draft_branches, "k: a token tree of k branches of γ drafts, k "
                                "candidates for the first position verified by recursive rejection sampling "
                                "(builtin engine, feature-head drafts; exact and pcg; 1 = one chain)")

@@ -272,15 +272,20 @@ def test_a_rows_probabilities_and_draws_do_not_depend_on_its_batch_mates_setting
     assert bool((alone[2][:, vocab // 2:] > 0).any())  # the tail is there to be cut
 
 
-def test_confident_lengths_stop_after_the_first_unsure_proposal():
+def test_confident_lengths_stop_at_the_first_unsure_position():
+    """confidence[:, j]: the draft's top probability at position j+1; the first position is always verified,
+    each later one only while every position from the second on is sure."""
     confidence = torch.tensor([[0.9, 0.9, 0.9, 0.9], [0.9, 0.2, 0.9, 0.9], [0.1, 0.9, 0.9, 0.9],
-                               [0.9, 0.9, 0.9, 0.9]])
-    caps = torch.tensor([4, 4, 4, 2])
-    assert confident_lengths(confidence, caps, 0.5).tolist() == [4, 2, 1, 2]
-    assert confident_lengths(confidence, caps, 0.0).tolist() == [4, 4, 4, 2]  # θ = 0: every row its γ
-    assert still_drafting(confidence[:, :2], caps, 0.5)  # row 0 goes on
-    assert not still_drafting(confidence[1:3, :2], caps[1:3], 0.5)
-    assert not still_drafting(confidence[3:, :2], caps[3:], 0.0)  # at its cap
+                               [0.9, 0.9, 0.9, 0.9], [0.9, 0.9, 0.3, 0.9]])
+    caps = torch.tensor([4, 4, 4, 2, 4])
+    assert confident_lengths(confidence, caps, 0.5).tolist() == [4, 1, 4, 2, 2]
+    assert confident_lengths(confidence, caps, 0.0).tolist() == [4, 4, 4, 2, 4]  # θ = 0: every row its γ
+    # drafting stopped after position 2
+    assert confident_lengths(confidence[:, :2], caps, 0.5).tolist() == [2, 1, 2, 2, 2]
+    assert still_drafting(confidence[:, :2], caps, 0.5)  # rows 0, 2 and 4 go on
+    assert not still_drafting(confidence[1:2, :2], caps[1:2], 0.5)  # unsure at position 2
+    assert not still_drafting(confidence[3:4, :2], caps[3:4], 0.0)  # at its cap
+    assert not still_drafting(confidence[4:, :3], caps[4:], 0.5)  # unsure at position 3
 
 
 @pytest.mark.parametrize("kind", ["llama", "feature-head"])
