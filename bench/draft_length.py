@@ -3,12 +3,13 @@ per-position acceptance, mean draft length and tokens/s, per rule, setting and b
 
 A setting is γ:θ[:k] (num_speculative_tokens : draft_confidence [: draft_branches]): 3:0 is the fixed γ = 3
 the server runs today; 6:0.6 lets a row verify up to 6 drafts while the draft's top probability at each
-drafted position is at least 0.6; 3:0:2 drafts a token tree of 2 branches of 3 (engine/spec_tree.py). Under `--speculation auto`
-(the server's load-aware policy, engine/spec_policy.py: per step and batch size the draft length measured
-fastest, target-only included) γ may name more lengths the policy may choose, 3+5:0 (γ 3, and 5); the
-requests are then unseeded, since seeded ones keep γ on every step whatever the policy says. Speech prompts
-from the bundle (`bench step`'s: sentence i with seed i, T=0.8), every batch size decoding the same
-utterances; engines run round-robin per repeat (a shared machine's drift hits all alike), medians reported.
+drafted position is at least 0.6; 3:0:2 drafts a token tree of 2 branches of 3 (engine/spec_tree.py). Under
+`--speculation auto` (the server's load-aware policy, engine/spec_policy.py: per step and batch size the
+draft length measured fastest, target-only included) γ may name more lengths the policy may choose, 3+5:0
+(γ 3, and 5); the requests are then unseeded, since seeded ones keep γ on every step whatever the policy
+says. Speech prompts from the bundle (`bench step`'s: sentence i with seed i, T=0.8), every batch size
+decoding the same utterances; engines run round-robin per repeat (a shared machine's drift hits all alike),
+medians reported.
 
     pcgtts bench draft-length --settings 3:0 6:0.5 6:0.7 8:0.8 --batch-sizes 1 6 --repeats 3
 

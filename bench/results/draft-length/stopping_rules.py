@@ -1,13 +1,13 @@
 """Which draft-only signal should stop a row's drafting (issue 31 §1), measured on the bundle's draft blocks.
 
-    python bench/results/draft-length/stopping_rules.py --gamma 8 --utterances 60 --verdicts 16 \
-        --out bench/results/draft-length/stopping-rules
+    python bench/results/draft-length/stopping_rules.py --num-speculative-tokens 8 --utterances 60 \
+        --verdicts 16 --out bench/results/draft-length/stopping-rules
 
-An engine with the shipped bundle (feature-head draft, PCG over its ASG table, γ = --gamma, eager CPU)
-decodes the bundle's speech prompts in batches of 6 (T = 0.8, seeded), and every speculative step's inputs
-are kept (draft tokens [B, γ], draft probs [B, γ, V], target probs [B, γ+1, V]; bench/bundle_verify.py's
-capture). Each kept row is verified `--verdicts` times by the rule (PCG, and exact), each with its own seed,
-which gives k, the drafts the rule accepts out of all γ.
+An engine with the shipped bundle (feature-head draft, PCG over its ASG table, γ = --num-speculative-tokens,
+eager CPU) decodes the bundle's speech prompts in batches of 6 (T = 0.8, seeded), and every speculative step's
+inputs are kept (draft tokens [B, γ], draft probs [B, γ, V], target probs [B, γ+1, V];
+bench/bundle_verify.py's capture). Each kept row is verified `--verdicts` times by the rule (PCG, and exact),
+each with its own seed, which gives k, the drafts the rule accepts out of all γ.
 
 A stopping rule verifies a row's first L drafts (L from the draft alone) and the row then emits min(k, L) + 1
 tokens: the rule verifies position by position, so the verdicts on the first L drafts and the token after
@@ -102,13 +102,15 @@ def row(name: str, gamma_max: int, threshold: float | None, accepted: torch.Tens
     tokens = torch.minimum(accepted, length[:, None]).float().mean() + 1
     return {"rule": name, "gamma_max": gamma_max,
             "threshold": None if threshold is None else round(threshold, 4),
-            "tokens_per_step": round(float(tokens), 3), "mean_length": round(float(length.float().mean()), 3)}
+            "tokens_per_verify_step": round(float(tokens), 3),
+            "mean_length": round(float(length.float().mean()), 3)}
 
 
 def gain_over_fixed(result: dict) -> dict:
     """Per signal: the largest gain in tokens per step over fixed γ at the same mean L (fixed, interpolated)
     -> {signal: (gain, its row)}."""
-    fixed = sorted((r["mean_length"], r["tokens_per_step"]) for r in result["rows"] if r["rule"] == "fixed")
+    fixed = sorted((r["mean_length"], r["tokens_per_verify_step"])
+                   for r in result["rows"] if r["rule"] == "fixed")
 
     def at(length: float) -> float:
         for (l0, t0), (l1, t1) in zip(fixed, fixed[1:], strict=False):
@@ -119,7 +121,7 @@ def gain_over_fixed(result: dict) -> dict:
     best = {}
     for r in result["rows"]:
         if r["rule"] != "fixed":
-            gain = r["tokens_per_step"] - at(r["mean_length"])
+            gain = r["tokens_per_verify_step"] - at(r["mean_length"])
             if gain > best.get(r["rule"], (-9,))[0]:
                 best[r["rule"]] = (round(gain, 3), r)
     return best
@@ -127,8 +129,8 @@ def gain_over_fixed(result: dict) -> dict:
 
 def markdown(result: dict, command: str) -> str:
     lines = [f"# Stopping rules on the bundle's draft blocks (`{command}`)", "",
-             f"Machine: {result['machine']}. {result['kept_rows']} kept rows of γ = {result['gamma']} "
-             "drafts, "
+             f"Machine: {result['machine']}. {result['kept_rows']} kept rows of γ = "
+             f"{result['num_speculative_tokens']} drafts, "
              f"{result['verdicts']} verdicts each.", ""]
     for rule_name, part in result["rules"].items():
         lines += [f"## {rule_name}", "",
@@ -141,12 +143,12 @@ def markdown(result: dict, command: str) -> str:
             lines.append(f"| {pos} | " + " | ".join(f"{v:.3f}" for v in values.values()) + " |")
         lines += ["", "Best gain in tokens per verify step over fixed γ at the same mean L: "
                   + "; ".join(f"{name} {gain:+.3f} (γ_max {r['gamma_max']}, θ {r['threshold']}, "
-                              f"{r['tokens_per_step']} at L {r['mean_length']})"
+                              f"{r['tokens_per_verify_step']} at L {r['mean_length']})"
                               for name, (gain, r) in part["best_gain"].items()), "",
                   "| rule | γ_max | θ | tokens per verify step | mean L |", "| --- | --- | --- | --- | --- |"]
         for r in sorted(part["rows"], key=lambda r: (r["rule"], r["gamma_max"], r["mean_length"])):
-            lines.append(f"| {r['rule']} | {r['gamma_max']} | {r['threshold']} | {r['tokens_per_step']} | "
-                         f"{r['mean_length']} |")
+            lines.append(f"| {r['rule']} | {r['gamma_max']} | {r['threshold']} | "
+                         f"{r['tokens_per_verify_step']} | {r['mean_length']} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -161,7 +163,7 @@ def plot(result: dict, path: Path) -> None:
     for ax, (rule_name, part) in zip(axes[0], parts.items(), strict=True):
         names = sorted({r["rule"] for r in part["rows"]})
         for name in names:
-            points = sorted((r["mean_length"], r["tokens_per_step"])
+            points = sorted((r["mean_length"], r["tokens_per_verify_step"])
                             for r in part["rows"] if r["rule"] == name)
             style = "k-o" if name == "fixed" else "."
             ax.plot(*zip(*points, strict=True), style, label=name)
@@ -177,7 +179,7 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
-    parser.add_argument("--gamma", type=int, default=8)
+    parser.add_argument("--num-speculative-tokens", type=int, default=8)
     parser.add_argument("--utterances", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--verdicts", type=int, default=16)
@@ -186,22 +188,23 @@ def main() -> None:
     torch.set_num_threads(1)
     bundle = ModelBundle.from_dir(args.model)
     table = ASGTable.load(bundle.asg_table)
-    engine = bundle_engine(bundle, "pcg", num_speculative_tokens=args.gamma)
+    engine = bundle_engine(bundle, "pcg", num_speculative_tokens=args.num_speculative_tokens)
     prompts, params = speech_requests(bundle, args.utterances, 0.8, args.max_tokens, seed=100)
     steps = capture_steps(engine, prompts, params, 6)
     sig = {name: torch.cat([signals(d, p, table)[name] for d, p, _ in steps]) for name in signals(
         steps[0][0], steps[0][1], table)}
-    result = {"machine": machine(), "gamma": args.gamma, "utterances": args.utterances,
-              "max_tokens": args.max_tokens, "verdicts": args.verdicts,
+    result = {"machine": machine(), "num_speculative_tokens": args.num_speculative_tokens,
+              "utterances": args.utterances, "max_tokens": args.max_tokens, "verdicts": args.verdicts,
               "kept_rows": sum(d.shape[0] for d, _, _ in steps), "rules": {}}
     for rule_name, rule in (("pcg", make_rule("pcg", table=table)), ("exact", make_rule("exact"))):
-        part = evaluate(verdicts(rule, steps, args.verdicts), sig, args.gamma)
+        part = evaluate(verdicts(rule, steps, args.verdicts), sig, args.num_speculative_tokens)
         part["best_gain"] = gain_over_fixed(part)
         result["rules"][rule_name] = part
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "stopping_rules.json", result)
     command = ("python bench/results/draft-length/stopping_rules.py "
-               f"--gamma {args.gamma} --utterances {args.utterances} --verdicts {args.verdicts}")
+               f"--num-speculative-tokens {args.num_speculative_tokens} --utterances {args.utterances} "
+               f"--verdicts {args.verdicts}")
     (args.out / "stopping_rules.md").write_text(markdown(result, command))
     plot(result, args.out / "stopping_rules.png")
     print(json.dumps({k: v["best_gain"] for k, v in result["rules"].items()}, indent=1))
