@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -105,27 +106,41 @@ def serve_process(env: dict[str, str], args: list[str] = (), ready_timeout: floa
                   command: list[str] | None = None, cwd: Path | None = None):
     """`pcgtts serve ARGS` as a real process on a free loopback port, until /ready answers 200.
     `command` runs another installation's `pcgtts` (default: this interpreter's). Yields its base URL;
-    terminates it afterwards."""
+    terminates it afterwards. The server's stderr (its children's too: vLLM's engine core) goes to a file, and
+    a test that fails inside the block prints the file's tail, so a server-side cause (an engine that died)
+    shows in the failure; a pipe that nobody reads while the test runs would also block the server once its
+    64 KiB buffer filled."""
     port = free_port()
     command = command or [sys.executable, "-m", "pcgtts.cli"]
-    process = subprocess.Popen([*command, "serve", "--port", str(port), *args], cwd=cwd,
-                               env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline, status = time.monotonic() + ready_timeout, None
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                status = httpx.get(url + "/ready", timeout=2).status_code
-            except httpx.TransportError:
-                status = None
-            if status == 200:
-                break
-            time.sleep(0.2)
-        assert status == 200, process.stderr.read().decode() if process.poll() is not None else "not ready"
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen([*command, "serve", "--port", str(port), *args], cwd=cwd,
+                                   env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline, status = time.monotonic() + ready_timeout, None
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    status = httpx.get(url + "/ready", timeout=2).status_code
+                except httpx.TransportError:
+                    status = None
+                if status == 200:
+                    break
+                time.sleep(0.2)
+            assert status == 200, log_tail(log) if process.poll() is not None else "not ready"
+            yield url
+        except BaseException:
+            print(f"server log, last lines:\n{log_tail(log)}", file=sys.stderr)
+            raise
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def log_tail(log, size: int = 8192) -> str:
+    """The last `size` bytes of an open log file, as text."""
+    log.flush()
+    log.seek(max(0, os.fstat(log.fileno()).st_size - size))
+    return log.read().decode(errors="replace")
 
 
 class LiveServer:
