@@ -308,6 +308,66 @@ def test_confidence_following_draft_length_keeps_target_distribution(models, tmp
     assert m.spec_accepted_per_position[2] > 0
 
 
+PARTITION = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11]]  # ASG groups that cover each token once
+
+
+def conditional_groups_pvalue(pairs: torch.Tensor, expected: torch.Tensor, min_count: int = 50) -> float:
+    """Pearson chi-square of the second token's group given the first, against expected [V, M] (row x1: the
+    groups' probabilities given x1), over the x1 seen at least min_count times; within a row, groups
+    expecting fewer than 5 are pooled. Degrees of freedom: the rows' cells less one each."""
+    from scipy.stats import chi2
+
+    group_of = torch.tensor([next(i for i, g in enumerate(PARTITION) if t in g) for t in range(V)])
+    statistic, dof = 0.0, 0
+    for x1 in range(V):
+        seconds = pairs[pairs[:, 0] == x1, 1]
+        if len(seconds) < min_count:
+            continue
+        observed = torch.bincount(group_of[seconds], minlength=len(PARTITION)).double()
+        want = expected[x1] * len(seconds)
+        assert observed[want == 0].sum() == 0, "a group the target rules out was emitted"
+        big = want >= 5
+        obs = torch.cat([observed[big], observed[~big].sum().view(1)])
+        exp = torch.cat([want[big], want[~big].sum().view(1)])
+        if exp[-1] == 0:
+            obs, exp = obs[:-1], exp[:-1]
+        statistic += float(((obs - exp) ** 2 / exp).sum())
+        dof += len(obs) - 1
+    assert dof > 10, "too few first tokens seen often enough"
+    return float(chi2.sf(statistic, dof))
+
+
+@pytest.mark.parametrize("setting", ["topp", "penalty+constraint"])
+def test_confidence_following_draft_length_keeps_pcgs_group_distribution(models, tmp_path, setting):
+    """PCG with rows that stop drafting where the draft is unsure: given the first emitted token (position 1,
+    always verified), the second one's group (position 2, verified only when the draft was sure there, else
+    the target's bonus) follows the target's coarse distribution Q_c; the table is a partition, so a token's
+    group is its label."""
+    from pcgtts.asg_tables import ASGTable
+
+    target, draft = models
+    params = SETTINGS[setting]
+    ASGTable.from_groups(PARTITION, V).save(tmp_path / "partition.asg")
+    engine = Engine(engine_config(target, draft=draft, num_speculative_tokens=3, draft_confidence=0.3,
+                                  acceptance="pcg", asg_table=tmp_path / "partition.asg", max_num_seqs=256,
+                                  max_waiting=4096, kv_budget_tokens=256 * 16, block_size=4, seed=17))
+    pairs = torch.tensor([g.token_ids[:2] for g in engine.generate([PROMPT] * 4000, params)])
+    # q(x2 | x1) for every x1, those the target rules out included: PCG may emit any member of a group it
+    # accepts, whatever the target's probability of that token
+    hf = hf_model(target)
+    following = torch.stack([reference_probs(hf, PROMPT + [x1], [x1], params) for x1 in range(V)])  # [V, V]
+    group_of = torch.tensor([next(i for i, g in enumerate(PARTITION) if t in g) for t in range(V)])
+    coarse = torch.zeros(V, len(PARTITION), dtype=torch.float64).index_add_(1, group_of, following)  # [V, M]
+    assert conditional_groups_pvalue(pairs, coarse) > ALPHA
+    first = reference_probs(hf, PROMPT, [], params)
+    after_prompt = torch.zeros(len(PARTITION), dtype=torch.float64).index_add_(0, group_of, first)
+    first_groups = torch.bincount(group_of[pairs[:, 0]], minlength=len(PARTITION))
+    assert chi2_pvalue(first_groups, after_prompt) > ALPHA  # position 1's group: Q_c after the prompt
+    m = engine.metrics()
+    assert m.spec_num_drafts < m.spec_drafted_tokens < 3 * m.spec_num_drafts  # lengths vary between 1 and γ
+    assert 0 < m.spec_drafted_per_position[1] < m.spec_num_drafts  # position 2 verified on some rows only
+
+
 @pytest.mark.parametrize("kind", ["llama", "feature-head"])
 def test_confidence_following_draft_length_reproduces_seeded_requests_whatever_shares_the_batch(
         models, tmp_path, kind):
