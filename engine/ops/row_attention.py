@@ -81,6 +81,7 @@ def _attend_rows(q, keys, values, rows, positions, gaps, out):
     visible = np.zeros(longest, np.float32)  # a gapped query's scores, its visible keys side by side
     bits = np.zeros(longest, np.int32)
     acc = np.zeros(dim, np.float32)
+    key = np.zeros(dim, np.float32)
     row_bytes = keys.shape[2] * dim * keys.itemsize  # one position's K (or V), every K/V head
     for b in range(b_rows):
         r = rows[b]
@@ -92,13 +93,15 @@ def _attend_rows(q, keys, values, rows, positions, gaps, out):
                     prefetch(keys, r, j + PREFETCH_KEYS, line)
                     prefetch(values, r, j + PREFETCH_KEYS, line)
             for kv in range(kv_heads):  # not h // group per key: an integer division costs a few ns
+                for d in range(dim):  # this key's K row widened once for all the queries that read it
+                    key[d] = as_float32(keys[r, j, kv, d])
                 for h in range(kv * group, (kv + 1) * group):
                     for t in range(t_len):
                         if positions[b, t] < j:  # a key past this query (half of a prefill chunk's pairs)
                             continue
                         dot = np.float32(0.0)
                         for d in range(dim):
-                            dot += q[b, t, h, d] * as_float32(keys[r, j, kv, d])
+                            dot += q[b, t, h, d] * key[d]
                         scores[t, h, j] = dot * scale
         for t in range(t_len):
             p = positions[b, t]
