@@ -93,12 +93,19 @@ def chi2_pvalue(counts: torch.Tensor, expected_probs: torch.Tensor) -> float:
     expected = expected_probs.flatten() * n
     counts = counts.flatten().double()
     assert counts[expected == 0].sum() == 0, "a token the target rules out was emitted"
+    obs, exp = pooled_cells(counts, expected)
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+
+
+def pooled_cells(observed: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Observed and expected counts (Float[C] each) with the cells expecting fewer than 5 pooled into one
+    last cell, dropped when it expects nothing."""
     big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum().view(1)])
+    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
     exp = torch.cat([expected[big], expected[~big].sum().view(1)])
     if exp[-1] == 0:
         obs, exp = obs[:-1], exp[:-1]
-    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
+    return obs, exp
 
 
 def empirical_joint(engine: Engine, params: SamplingParams, n: int) -> torch.Tensor:
@@ -309,6 +316,7 @@ def test_confidence_following_draft_length_keeps_target_distribution(models, tmp
 
 
 PARTITION = [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9], [10, 11]]  # ASG groups that cover each token once
+GROUP_OF = torch.tensor([next(i for i, g in enumerate(PARTITION) if t in g) for t in range(V)])  # Long[V]
 
 
 def conditional_groups_pvalue(pairs: torch.Tensor, expected: torch.Tensor, min_count: int = 50) -> float:
@@ -317,20 +325,15 @@ def conditional_groups_pvalue(pairs: torch.Tensor, expected: torch.Tensor, min_c
     expecting fewer than 5 are pooled. Degrees of freedom: the rows' cells less one each."""
     from scipy.stats import chi2
 
-    group_of = torch.tensor([next(i for i, g in enumerate(PARTITION) if t in g) for t in range(V)])
     statistic, dof = 0.0, 0
     for x1 in range(V):
         seconds = pairs[pairs[:, 0] == x1, 1]
         if len(seconds) < min_count:
             continue
-        observed = torch.bincount(group_of[seconds], minlength=len(PARTITION)).double()
+        observed = torch.bincount(GROUP_OF[seconds], minlength=len(PARTITION)).double()
         want = expected[x1] * len(seconds)
         assert observed[want == 0].sum() == 0, "a group the target rules out was emitted"
-        big = want >= 5
-        obs = torch.cat([observed[big], observed[~big].sum().view(1)])
-        exp = torch.cat([want[big], want[~big].sum().view(1)])
-        if exp[-1] == 0:
-            obs, exp = obs[:-1], exp[:-1]
+        obs, exp = pooled_cells(observed, want)
         statistic += float(((obs - exp) ** 2 / exp).sum())
         dof += len(obs) - 1
     assert dof > 10, "too few first tokens seen often enough"
@@ -356,12 +359,11 @@ def test_confidence_following_draft_length_keeps_pcgs_group_distribution(models,
     # accepts, whatever the target's probability of that token
     hf = hf_model(target)
     following = torch.stack([reference_probs(hf, PROMPT + [x1], [x1], params) for x1 in range(V)])  # [V, V]
-    group_of = torch.tensor([next(i for i, g in enumerate(PARTITION) if t in g) for t in range(V)])
-    coarse = torch.zeros(V, len(PARTITION), dtype=torch.float64).index_add_(1, group_of, following)  # [V, M]
+    coarse = torch.zeros(V, len(PARTITION), dtype=torch.float64).index_add_(1, GROUP_OF, following)  # [V, M]
     assert conditional_groups_pvalue(pairs, coarse) > ALPHA
     first = reference_probs(hf, PROMPT, [], params)
-    after_prompt = torch.zeros(len(PARTITION), dtype=torch.float64).index_add_(0, group_of, first)
-    first_groups = torch.bincount(group_of[pairs[:, 0]], minlength=len(PARTITION))
+    after_prompt = torch.zeros(len(PARTITION), dtype=torch.float64).index_add_(0, GROUP_OF, first)
+    first_groups = torch.bincount(GROUP_OF[pairs[:, 0]], minlength=len(PARTITION))
     assert chi2_pvalue(first_groups, after_prompt) > ALPHA  # position 1's group: Q_c after the prompt
     m = engine.metrics()
     assert m.spec_num_drafts < m.spec_drafted_tokens < 3 * m.spec_num_drafts  # lengths vary between 1 and γ

@@ -191,8 +191,8 @@ def main() -> None:
     engine = bundle_engine(bundle, "pcg", num_speculative_tokens=args.num_speculative_tokens)
     prompts, params = speech_requests(bundle, args.utterances, 0.8, args.max_tokens, seed=100)
     steps = capture_steps(engine, prompts, params, 6)
-    sig = {name: torch.cat([signals(d, p, table)[name] for d, p, _ in steps]) for name in signals(
-        steps[0][0], steps[0][1], table)}
+    per_step = [signals(drafts, draft_probs, table) for drafts, draft_probs, _ in steps]
+    sig = {name: torch.cat([step[name] for step in per_step]) for name in per_step[0]}
     result = {"machine": machine(), "num_speculative_tokens": args.num_speculative_tokens,
               "utterances": args.utterances, "max_tokens": args.max_tokens, "verdicts": args.verdicts,
               "kept_rows": sum(d.shape[0] for d, _, _ in steps), "rules": {}}
