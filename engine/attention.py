@@ -60,6 +60,9 @@ class PagedBatch:
     row_positions: torch.Tensor | None = None
     # Long[B, T, 2]: keys [lo, hi) each query does not see (a token tree's other branches); None: no gaps
     gaps: torch.Tensor | None = None
+    # Long[N]: flat indices into B*T of the real tokens, when some are padding and the forward runs its
+    # residual stream and matrix products over those N rows only (attention still sees [B, T]); None: all
+    packed: torch.Tensor | None = None
 
     @property
     def seq_lens(self) -> torch.Tensor:

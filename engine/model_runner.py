@@ -72,6 +72,9 @@ class ModelRunner:
             self.captured = make_captured(self.decode_graphs, self._forward, decode_tokens,
                                           self.cache.scratch_block, self.device, num_blocks, cache_dir)
         self.plan = PLAIN
+        # eager CPU forwards run their products over real tokens only (`forward`); False: over padding too
+        # (the form before, which bench/results/ragged-verify/ab_ragged.py times against)
+        self.pack_padding = True
         self.row_attention = attends_by_rows(row_attention, self.device, backend, model.dtype)
         self.mirror: KVMirror | None = None
         # prefill chunks bypass the mirror (pool only): it holds decoding rows, each gathered from the pool
@@ -113,7 +116,8 @@ class ModelRunner:
         eager: bypass captured graphs (equivalence tests); meta: the eager forward's attention metadata
         when the caller has it already (`column_metas`); states: the rows' sequences (lets the KV mirror
         serve attention; without them the forward gathers from the pool); tree: a token tree's cache
-        indices and gaps (engine/attention.py TreeLayout; always eager)."""
+        indices and gaps (engine/attention.py TreeLayout; always eager). Eager CPU forwards run their matrix
+        products over the valid tokens only (`pack_padding`); padding tokens' hidden states are zeros."""
         if (not eager and tree is None and self.captured is not None
                 and self.captured.handles(input_ids.shape[1])):
             return self.captured(input_ids, positions, valid, tables)
@@ -122,6 +126,12 @@ class ModelRunner:
                 meta = build_paged_batch(positions, valid, tables, self.block_size,
                                          self.cache.scratch_block, self.mask_dtype, self.plan.query_quantum,
                                          self.rows_attend(input_ids.shape[1]), tree)
+            if (self.pack_padding and meta.packed is None and self.device.type == "cpu"
+                    and not bool(valid.all())):
+                # padding tokens (rows verifying fewer drafts, shorter prefill chunks) skip the products:
+                # on a CPU those cost per token (on CUDA a few more rows cost about nothing, and finding
+                # the real ones would wait for the device)
+                meta = replace(meta, packed=valid.reshape(-1).nonzero().squeeze(1))
             if self.mirror is not None and states is None:
                 self.mirror.clear()  # this forward writes the pool around the mirror: start it afresh
             elif self.mirror is not None and input_ids.shape[1] > self.mirror_max_tokens:

@@ -15,6 +15,7 @@ A speculative step for B sequences of lengths n_b:
     scores through the target's LM head. Every proposal keeps its full processed distribution p
     (Float[B, γ, V]) and samples x ~ p;
  2. target, one forward over [last token, x_1..x_γ] at positions n_b-1 .. n_b+γ-1 -> q (Float[B, γ+1, V]);
+    a row verifying fewer drafts than the longest row pads the rest, whose products the forward skips;
  3. the acceptance rule decides; emitted = accepted drafts + one recovered/bonus token;
  4. both caches are rolled back to the positions whose tokens survived (a head row keeps the target's state
     at the last surviving position).
@@ -184,7 +185,11 @@ class SpeculativeDecoder:
         # 2. target scores the last token and the drafts in one forward.
         t_states = [s.target for s in seqs]
         t_tables = self.target.block_tables(t_states, max(lengths) + g)
-        hidden = self.target.forward(ids, positions, self._all_valid(b, g + 1), t_tables, states=t_states)
+        # each row scores its own drafts only: a row verifying γ_i < g drafts pads the rest (the forward skips
+        # padding tokens' products; their hidden states are zeros, never read)
+        valid = self._all_valid(b, g + 1) if min(row_gammas) == g else \
+            torch.arange(g + 1, device=dev)[None, :] <= torch.tensor(row_gammas, device=dev)[:, None]
+        hidden = self.target.forward(ids, positions, valid, t_tables, states=t_states)
         target_probs = sampler.probs(self.target.logits(hidden), drafts, offset=0)  # [B, g+1, V]
 
         # 3. verify (each row up to its own length), 4. roll back.

@@ -233,6 +233,11 @@ class Projection:
         return y if self.bias is None else y.add_(self.bias)
 
 
+def _unpack_rows(rows: torch.Tensor, packed: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """rows [N, C] of the real tokens at flat indices Long[N] -> [B, T, C], padding tokens zeros."""
+    return rows.new_zeros(b * t, rows.shape[-1]).index_copy_(0, packed, rows).view(b, t, rows.shape[-1])
+
+
 @dataclass
 class LayerWeights:
     input_norm: RMSNorm  # [d]
@@ -296,7 +301,11 @@ class LlamaModel:
         """`forward` without its inference_mode wrapper (what graph capture traces)."""
         cfg = self.cfg
         b, t = input_ids.shape
-        x = F.embedding(input_ids, self.embed)  # [B, T, d]
+        packed = meta.packed  # Long[N] real tokens' flat indices into B*T, or None (every token real)
+        if packed is None:
+            x = F.embedding(input_ids, self.embed)  # [B, T, d]
+        else:  # the residual stream and the products over the N real tokens only: x [N, d]
+            x = F.embedding(input_ids.reshape(-1).index_select(0, packed), self.embed)
         # the backend rotates q and k as it writes the K/V (one compiled loop on the CPU's rows path)
         fused_rope = self.rope.interleaved and x.dtype == torch.float32 and backend.fuses_rope(meta)
         rotation = None if fused_rope else self.rope.lookup(meta.positions)
@@ -304,6 +313,8 @@ class LlamaModel:
         for i, w in enumerate(self.layers):
             h = w.input_norm(x)
             qkv = w.qkv(h)  # [B, T, (H + 2 H_kv) D]
+            if packed is not None:  # attention takes its [B, T] layout (padding tokens zeros)
+                qkv = _unpack_rows(qkv, packed, b, t)
             k_cache, v_cache = cache.layer(i)
             if fused_rope:
                 attn = backend.attend_unrotated(qkv, self.rope, cfg.num_heads, cfg.num_kv_heads, k_cache,
@@ -314,11 +325,14 @@ class LlamaModel:
                 q, k = self.rope.rotate(qk, rotation).split([cfg.num_heads, cfg.num_kv_heads], dim=2)
                 v = qkv[..., qk_size:].view(b, t, cfg.num_kv_heads, cfg.head_dim)
                 attn = backend.attend(q, k, v, k_cache, v_cache, meta, i)  # [B, T, H D]
+            if packed is not None:
+                attn = attn.reshape(b * t, attn.shape[-1]).index_select(0, packed)  # [N, H D]
             x = x + w.o(attn)
             h = w.post_norm(x)
             gate, up = w.gate_up(h).chunk(2, dim=-1)
             x = x + w.down(F.silu(gate) * up)
-        return self.final_norm(x)
+        x = self.final_norm(x)
+        return x if packed is None else _unpack_rows(x, packed, b, t)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
