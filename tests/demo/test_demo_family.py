@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -229,6 +230,42 @@ def test_the_engines_histories_plan_as_their_lists_do():
     assert one[-1] == [2, 3, 8, 9] and one[0:2] == [[2, 3, 8], [2, 3, 8, 9]] and one.generated() == 2
     with pytest.raises(IndexError):
         one[3]
+
+
+def test_a_batch_of_the_engines_histories_plans_as_each_row_alone():
+    """apply_rows over rows of different texts, caps and minimums (their tables stacked, padded to the
+    longest), the engine's DraftedHistories with one drafts' width for all rows, draft and verify calls, the
+    batch's rows changing between calls: each row as that row's own constraint gives it alone, as lists."""
+    rng = np.random.default_rng(11)
+
+    def token() -> int:
+        if rng.random() < 0.3:
+            return int(rng.choice([16, 17, END]))
+        return VOCAB.code_offset + int(rng.integers(64))
+
+    def constraint(k: int) -> MarkerMergeConstraint:
+        caps = [None if rng.random() < 0.3 else int(rng.integers(1, 4)) for _ in range(k)]
+        return MarkerMergeConstraint(VOCAB, [int(rng.choice([16, 17, 18])) for _ in range(k)],
+                                     max_frames=caps, min_frames=[int(rng.integers(0, 3)) for _ in range(k)])
+
+    pool = [constraint(k) for k in (1, 2, 5, 9, 3)]
+    outputs = [[int(rng.integers(3, 9)) for _ in range(2)] for _ in pool]  # prompt tokens, then generated
+    for step in range(60):
+        rows = sorted(rng.choice(len(pool), size=int(rng.integers(1, len(pool) + 1)), replace=False).tolist())
+        width = int(rng.integers(0, 5))
+        drafts = [[token() for _ in range(width)] for _ in rows]
+        for offset, count in [(k, 1) for k in range(width)] + [(0, width + 1)]:
+            histories = [DraftedHistories(outputs[r], 2, d, offset, count)
+                         for r, d in zip(rows, drafts, strict=True)]
+            logits = torch.randn(len(rows), count, VOCAB.vocab_size,
+                                 generator=torch.Generator().manual_seed(step))
+            batch = MarkerMergeConstraint.apply_rows([pool[r] for r in rows], logits.clone(), histories)
+            for i, (r, h) in enumerate(zip(rows, histories, strict=True)):
+                alone = copy.deepcopy(pool[r])  # the same bounds, no memo of earlier calls
+                alone._read, alone._memo = [], []
+                assert torch.equal(batch[i], alone.apply(logits[i].clone(), list(h))), (step, offset, r)
+        for r in rows:
+            outputs[r] += [token() for _ in range(int(rng.integers(0, 3)))]
 
 
 def test_phoneme_runs_read_the_speech_layout_back():
