@@ -55,11 +55,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--rule", default="pcg")
-    parser.add_argument("--settings", nargs="+", default=["6:0.37", "6:0.46", "8:0.56"])
+    parser.add_argument("--settings", nargs="*", default=["6:0.37", "6:0.46", "8:0.56"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[6, 16])
     parser.add_argument("--utterances", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--prefill-batch-sizes", type=int, nargs="*", default=[],
+                        help="also time prompts arriving together: each request to its first token only "
+                             "(the prompts' prefill, whose chunks differ in length, and one step)")
     parser.add_argument("--out", type=Path, default=Path("bench/results/ragged-verify"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -87,6 +90,19 @@ def main() -> None:
                    "seeded_tokens_equal": same["padded"] == same["packed"]}
             rows.append(row)
             print(row, flush=True)
+    for b in args.prefill_batch_sizes:  # target-only: the prefill is what differs
+        engine = bundle_engine(bundle, "target-only")
+        runner = engine.target
+        forms = {"padded": lambda r=runner: setattr(r, "pack_padding", False),
+                 "packed": lambda r=runner: setattr(r, "pack_padding", True)}
+        first_token = [replace(p, max_tokens=1) for p in params]
+        res = alternating_decodes(engine, seeded_prompts, first_token, b, forms, args.repeats)
+        seconds = {form: [len(seeded_prompts) / rate for rate in rates]  # one token per request
+                   for form, rates in res["tokens_per_s"].items()}
+        row = {"setting": "prefill", "batch": b, "seconds": seconds,
+               "packed_over_padded": res["ratios"], "packed_over_padded_median": res["ratio_median"]}
+        rows.append(row)
+        print(row, flush=True)
     result = {"command": "python bench/results/ragged-verify/ab_ragged.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
         for k, v in vars(args).items() if k not in ("model", "out")),
@@ -101,6 +117,8 @@ def main() -> None:
              "| packed / padded, median (per repeat) | seeded tokens equal |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        if r["setting"] == "prefill":
+            continue
         rates = r["tokens_per_s"]
         lines.append(f"| {r['setting']} | {r['batch']} | {r['real_token_share']:.2f} | "
                      f"{' / '.join(f'{x:.0f}' for x in rates['padded'])} | "
@@ -108,6 +126,18 @@ def main() -> None:
                      f"{r['packed_over_padded_median']:.2f}x "
                      f"({', '.join(f'{x:.2f}' for x in r['packed_over_padded'])}) | "
                      f"{'yes' if r['seeded_tokens_equal'] else 'no'} |")
+    prefills = [r for r in rows if r["setting"] == "prefill"]
+    if prefills:
+        lines += ["", f"Prompts arriving together ({args.utterances} requests to their first token, "
+                  "target-only, in batches of the size given; the voices' prompt prefixes in the prefix "
+                  "cache after the first decode): ms per repeat.", "",
+                  "| batch | padded ms | packed ms | padded / packed, median (per repeat) |",
+                  "| --- | --- | --- | --- |"]
+        for r in prefills:
+            lines.append(f"| {r['batch']} | {' / '.join(f'{1e3 * x:.1f}' for x in r['seconds']['padded'])} | "
+                         f"{' / '.join(f'{1e3 * x:.1f}' for x in r['seconds']['packed'])} | "
+                         f"{r['packed_over_padded_median']:.2f}x "
+                         f"({', '.join(f'{x:.2f}' for x in r['packed_over_padded'])}) |")
     (args.out / "ab_ragged.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
