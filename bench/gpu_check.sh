@@ -85,10 +85,11 @@ for graphs in $GRAPHS; do
 done
 # the CPU's draft-length / token-tree sweep (bench/results/tree/) on the device, the shipped bundle: whether
 # a tree (k = 2), which costs more verify compute than it gains on the CPU, pays where a verify forward of a
-# few dozen tokens costs about one token's
+# few dozen tokens costs about one token's; and the confidence-following length (γ 6, θ 0.37: 3.5 tokens per
+# verify step on the CPU, slower there than a fixed γ: bench/results/ragged-verify/)
 mkdir -p "$OUT/tree"
 timeout "$BENCH_TIMEOUT" "$PYTHON" -m pcgtts.cli bench draft-length --device "$DEVICE" --rules exact pcg \
-  --settings 3:0 3:0:2 5:0 5:0:2 --batch-sizes 1 6 --utterances 6 --repeats "$REPEATS" --max-tokens 300 \
+  --settings 3:0 3:0:2 5:0 5:0:2 6:0.37 --batch-sizes 1 6 --utterances 6 --repeats "$REPEATS" --max-tokens 300 \
   --out "$OUT/tree" 2>&1 | tee "$OUT/tree/bench.log"
 (( PIPESTATUS[0] != 0 )) && bench_rc=1
 # the draft length chosen per batch size (bench/results/spec-lengths/): the auto policy with γ 3 alone
