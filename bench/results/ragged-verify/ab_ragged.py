@@ -51,6 +51,12 @@ def real_share(engine, prompts, params, batch_size) -> float:
     return counts[0] / max(counts[1], 1)
 
 
+def packing_forms(runner) -> dict:
+    """alternating_decodes' forms: the target runner with its padding multiplied (the form before) or not."""
+    return {"padded": lambda: setattr(runner, "pack_padding", False),
+            "packed": lambda: setattr(runner, "pack_padding", True)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_DIR)
@@ -74,8 +80,7 @@ def main() -> None:
         gamma, theta, _, _ = parse_setting(setting)
         engine = bundle_engine(bundle, args.rule, num_speculative_tokens=gamma, draft_confidence=theta)
         runner = engine.target
-        forms = {"padded": lambda r=runner: setattr(r, "pack_padding", False),
-                 "packed": lambda r=runner: setattr(r, "pack_padding", True)}
+        forms = packing_forms(runner)
         for b in args.batch_sizes:
             same = {}
             for form, put in forms.items():
@@ -90,11 +95,9 @@ def main() -> None:
                    "seeded_tokens_equal": same["padded"] == same["packed"]}
             rows.append(row)
             print(row, flush=True)
-    for b in args.prefill_batch_sizes:  # target-only: the prefill is what differs
+    for b in args.prefill_batch_sizes:  # target-only, an engine of its own each: the prefill is what differs
         engine = bundle_engine(bundle, "target-only")
-        runner = engine.target
-        forms = {"padded": lambda r=runner: setattr(r, "pack_padding", False),
-                 "packed": lambda r=runner: setattr(r, "pack_padding", True)}
+        forms = packing_forms(engine.target)
         first_token = [replace(p, max_tokens=1) for p in params]
         res = alternating_decodes(engine, seeded_prompts, first_token, b, forms, args.repeats)
         seconds = {form: [len(seeded_prompts) / rate for rate in rates]  # one token per request
