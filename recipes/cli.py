@@ -52,6 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--head-inner", type=int, default=defaults.head_inner, help="the head's FFN width")
     demo.add_argument("--head-minutes", type=float, default=None,
                       help="time budget for the head's training (resumable)")
+    demo.add_argument("--self-distill-steps", type=int, default=defaults.sd_steps,
+                      help="fine-tuning steps of the head on the target's own samples (stage self_distill)")
+    demo.add_argument("--self-distill-minutes", type=float, default=defaults.sd_minutes,
+                      help="time budget for stage self_distill's fine-tuning (resumable)")
     demo.add_argument("--threads", type=int, default=None, help="torch threads for training (default: all)")
     demo.set_defaults(func=run_demo)
 
@@ -74,6 +78,7 @@ def run_demo(args: argparse.Namespace) -> int:
                        train_minutes=args.train_minutes, phases=phases, draft_steps=args.draft_steps,
                        draft_shape=args.draft_shape, draft_minutes=args.draft_minutes,
                        draft_init=args.draft_init, draft_lr=args.draft_lr, head_steps=args.head_steps,
-                       head_inner=args.head_inner, head_minutes=args.head_minutes, threads=args.threads)
+                       head_inner=args.head_inner, head_minutes=args.head_minutes, threads=args.threads,
+                       sd_steps=args.self_distill_steps, sd_minutes=args.self_distill_minutes)
     run(cfg, args.stages or STAGES)
     return 0

@@ -23,8 +23,8 @@ SAMPLING_DEFAULTS = {"temperature": 0.5}
 # sentences (T=0.8, seeds 0/1): the LM's own timing within p95 caps 1.02; a smaller duration model (d=64,
 # 1,500 steps) exactly 0.79, within ±20% 0.91; the shipped one exactly 0.705; espeak-ng's own durations 0.69
 DURATION_WINDOW = 0.0
-STAGES = ["corpus", "prepare", "train", "decoder", "durations", "draft", "head", "voices", "bundle", "tables",
-          "eval"]
+STAGES = ["corpus", "prepare", "train", "decoder", "durations", "draft", "head", "voices", "bundle",
+          "self_distill", "tables", "eval"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,11 @@ class RecipeConfig:
     head_steps: int = 2000  # the feature head's training (recipes/demo/train_draft_head.py)
     head_inner: int = 384  # FFN width: 1,024 accepts ~3% more per step but costs 1.6x per draft step
     head_minutes: float | None = None
+    # the head's fine-tuning on the target's own samples (stage self_distill, recipes/demo/self_distill.py)
+    sd_sequences: int = 3104  # generated sequences trained on (another 96 held out)
+    sd_steps: int = 1500
+    sd_lr: float = 1e-3
+    sd_minutes: float | None = 20
     duration_steps: int = 2500
     workers: int = 2
     threads: int | None = None  # torch threads for training (1 beats 2 on a shared 2-core box)
@@ -225,6 +230,38 @@ def stage_head(cfg: RecipeConfig) -> None:
           f"{', '.join(f'{a:.3f}' for a in alphas)}", flush=True)
     (cfg.run_dir / "head" / "acceptance.json").write_text(json.dumps({"held_out_alpha_by_step": alphas}))
     export_head(head, export_dir / "draft-head")
+
+
+def stage_self_distill(cfg: RecipeConfig) -> None:
+    """Fine-tune the bundle's feature head on the target's own samples; replaces model_dir/draft-head."""
+    from pcgtts.recipes.demo.self_distill import (
+        HELD_OUT_SEQUENCES,
+        generate_sequences,
+        held_out_alpha_by_step,
+        sequence_batches,
+    )
+    from pcgtts.recipes.demo.train_draft_head import export_head, load_head, train_head
+    from transformers import LlamaForCausalLM
+
+    out, head_dir = cfg.run_dir / "self-distill", cfg.model_dir / "draft-head"
+    if (out / "acceptance.json").exists():
+        print("[self_distill] done before (its acceptance.json exists), kept")
+        return
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    rows = generate_sequences(cfg.model_dir, cfg.sd_sequences + HELD_OUT_SEQUENCES, out / "sequences.jsonl",
+                              seed=cfg.seed)
+    train, held = rows[:-HELD_OUT_SEQUENCES], rows[-HELD_OUT_SEQUENCES:]
+    target = LlamaForCausalLM.from_pretrained(cfg.model_dir / "target", dtype=torch.float32)
+    before = held_out_alpha_by_step(target, load_head(head_dir, target), held)
+    head = train_head(target, None, None, out / "head", steps=cfg.sd_steps, lr=cfg.sd_lr,
+                      seed=cfg.seed + 13, time_budget_min=cfg.sd_minutes, init=head_dir,
+                      batches=sequence_batches(train, 12, cfg.seed + 13))
+    after = held_out_alpha_by_step(target, head, held)
+    print(f"[self_distill] held-out acceptance by draft step on the target's samples (T=0.8): "
+          f"{', '.join(f'{a:.3f}' for a in before)} -> {', '.join(f'{a:.3f}' for a in after)}", flush=True)
+    export_head(head, head_dir)
+    (out / "acceptance.json").write_text(json.dumps({"before": before, "after": after}))
 
 
 def stage_voices(cfg: RecipeConfig) -> None:

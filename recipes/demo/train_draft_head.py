@@ -10,6 +10,8 @@ and frozen; only the head trains.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +24,7 @@ from pcgtts.engine.speech.demo.constraint import MarkerMergeConstraint
 from pcgtts.engine.speech.demo.layout import DemoVocab
 from pcgtts.recipes.demo.lm_data import IGNORE, BatchPlan, Utterances, held_out_batches, make_batch
 from pcgtts.recipes.demo.train_draft import train_resumable
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import LlamaForCausalLM
 
 
@@ -77,21 +79,30 @@ def target_states(target: LlamaForCausalLM, batch: dict) -> torch.Tensor:
     return out.last_hidden_state
 
 
-def train_head(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out_dir: Path, *,
+def train_head(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances | None, out_dir: Path, *,
                inner: int = 384, blocks: int = 1, unroll: int = 4, steps: int = 2000, batch_size: int = 12,
-               lr: float = 3e-3, seed: int = 11, time_budget_min: float | None = None) -> FeatureHeadModule:
-    """Train (or resume) a head in out_dir; returns it in eval mode."""
+               lr: float = 3e-3, seed: int = 11, time_budget_min: float | None = None,
+               batches: Callable[[int], dict] | None = None, init: Path | None = None) -> FeatureHeadModule:
+    """Train (or resume) a head in out_dir; returns it in eval mode. batches: step -> a batch (input_ids,
+    attention_mask, labels; default: the corpus `utts` as make_batch gives them, self_distill.py gives the
+    target's own samples); init: an exported head to start from (its width wins over `inner`/`blocks`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     target.eval().requires_grad_(False)
-    cfg = FeatureHeadConfig(hidden_size=target.config.hidden_size, intermediate_size=inner, num_blocks=blocks,
-                            vocab_size=target.config.vocab_size, rms_norm_eps=target.config.rms_norm_eps)
-    head = FeatureHeadModule(cfg, target.model.embed_tokens.weight.float()).train()
+    if init is not None:
+        head = load_head(init, target).train()
+    else:
+        cfg = FeatureHeadConfig(hidden_size=target.config.hidden_size, intermediate_size=inner,
+                                num_blocks=blocks, vocab_size=target.config.vocab_size,
+                                rms_norm_eps=target.config.rms_norm_eps)
+        head = FeatureHeadModule(cfg, target.model.embed_tokens.weight.float()).train()
     optim = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    plan = BatchPlan(utts, batch_size, seed)
+    if batches is None:
+        plan = BatchPlan(utts, batch_size, seed)
+        batches = partial(make_batch, vocab, utts, plan)
 
     def step_loss(step: int) -> tuple[torch.Tensor, list[float]]:
-        batch = make_batch(vocab, utts, plan, step)
+        batch = batches(step)
         with torch.no_grad():
             hidden = target_states(target, batch)  # [B, L, d]
             t_logp = torch.log_softmax(target.lm_head(hidden).float(), -1)  # [B, L, V]
@@ -107,6 +118,13 @@ def train_head(target: LlamaForCausalLM, vocab: DemoVocab, utts: Utterances, out
     train_resumable(head, optim, out_dir, "head", step_loss, steps=steps, lr=lr,
                     time_budget_min=time_budget_min,
                     describe=lambda kls: f"KL by step {[round(x, 3) for x in kls]}")
+    return head.eval()
+
+
+def load_head(head_dir: Path, target: LlamaForCausalLM) -> FeatureHeadModule:
+    """An exported head (export_head's directory) as the trainable module, in eval mode, weights in fp32."""
+    head = FeatureHeadModule(FeatureHeadConfig.from_dir(head_dir), target.model.embed_tokens.weight.float())
+    head.load_state_dict({k: v.float() for k, v in load_file(str(head_dir / "model.safetensors")).items()})
     return head.eval()
 
 

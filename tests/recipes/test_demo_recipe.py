@@ -301,3 +301,45 @@ def test_feature_head_learns_the_targets_next_distribution_and_resumes(tmp_path)
     assert (last < 0.8 * first).all(), (first, last)  # both unrolled steps improved
     alphas = held_out_acceptance_by_step(target, head, VOCAB, _utts(n=8, seed=1), steps=2, count=8)
     assert len(alphas) == 2 and all(0 < a <= 1 for a in alphas)
+
+
+def _own_samples(target, n: int, prompt_len: int = 6, new: int = 24, seed: int = 0) -> list[dict]:
+    """n sequences the target sampled itself (T=1) after random prompts, as self_distill stores them."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB.vocab_size, (n, prompt_len), generator=gen)
+    with torch.no_grad():
+        for _ in range(new):
+            probs = torch.softmax(target(input_ids=ids).logits[:, -1].float(), -1)  # [n, V]
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)], 1)
+    return [{"prompt": row[:prompt_len].tolist(), "generated": row[prompt_len:].tolist()} for row in ids]
+
+
+def test_head_fine_tuned_on_the_targets_own_samples_starts_from_its_export_and_gains_on_them(tmp_path):
+    """Stage self_distill's parts: a sequence's loss reads only its generated tokens, an exported head loads
+    back as it was (to fp16 rounding), and fine-tuning it on the target's own samples (the sequence batches,
+    from that export) raises its held-out acceptance on such samples at every draft step."""
+    from pcgtts.recipes.demo.self_distill import held_out_alpha_by_step, sequence_batches, sequence_pair
+    from pcgtts.recipes.demo.train_draft_head import export_head, load_head, train_head
+    from transformers import LlamaForCausalLM
+
+    inputs, labels = sequence_pair({"prompt": [5, 6, 7], "generated": [8, 9, 10]})
+    assert inputs == [5, 6, 7, 8, 9] and labels == [IGNORE, IGNORE, 8, 9, 10]  # labels[i]: the token after i
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(SMALL.config(VOCAB.vocab_size)).eval()
+    kw = dict(inner=32, unroll=2, batch_size=4, lr=1e-2)
+    head = train_head(target, VOCAB, _utts(), tmp_path / "corpus", steps=10, **kw)
+    export_head(head, tmp_path / "export")
+    loaded = load_head(tmp_path / "export", target)
+    for name, value in head.state_dict().items():
+        assert torch.allclose(loaded.state_dict()[name], value, atol=1e-2, rtol=1e-3), name
+
+    rows = _own_samples(target, 72)
+    train, held = rows[:48], rows[48:]
+    batches = sequence_batches(train, 4, seed=0)
+    assert torch.equal(batches(3)["input_ids"], sequence_batches(train, 4, seed=0)(3)["input_ids"])
+    before = held_out_alpha_by_step(target, loaded, held, steps=2, temperature=1.0)
+    tuned = train_head(target, None, None, tmp_path / "sd", steps=60, lr=1e-2, unroll=2,
+                       init=tmp_path / "export", batches=batches)
+    after = held_out_alpha_by_step(target, tuned, held, steps=2, temperature=1.0)
+    assert all(0 < b < a <= 1 for b, a in zip(before, after, strict=True)), (before, after)
