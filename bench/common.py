@@ -273,20 +273,20 @@ def bundle_engine(bundle: ModelBundle, rule: str, *, num_speculative_tokens: int
                   draft_confidence: float = 0.0, max_num_seqs: int | None = None,
                   cpu_attention: str | None = None, cpu_weights: str | None = None,
                   cpu_kv: str | None = None, draft_branches: int = 1, speculation: str = "always",
-                  speculation_lengths: tuple[int, ...] = ()) -> Engine:
+                  speculation_lengths: tuple[int, ...] = (), draft_dir: Path | None = None) -> Engine:
     """An engine over the bundle's target: "target-only", or speculation with the bundle's draft verified by
     `rule` (a rule over groups, pcg or pcg-block, over the bundle's ASG table). deterministic:
     EngineConfig.deterministic (None: its default); draft_confidence: EngineConfig's θ (num_speculative_tokens
     is then the most a row drafts); max_num_seqs: the batch it may run; cpu_attention: rows | sdpa;
     cpu_weights: fp16 | fp32 | bf16 | int8, cpu_kv: fp16 | fp32 (None for these: EngineConfig's);
     draft_branches: k of a token tree; speculation, speculation_lengths: EngineConfig's (the policy; "always"
-    by default, as a benchmark of one draft length wants)."""
+    by default, as a benchmark of one draft length wants); draft_dir: another draft than the bundle's."""
     from pcgtts.engine import Engine, EngineConfig
     from pcgtts.engine.acceptance import uses_asg_table
 
     spec = rule != "target-only"
     return Engine(EngineConfig(
-        target=bundle.target_dir, draft=bundle.draft_dir if spec else None,
+        target=bundle.target_dir, draft=(draft_dir or bundle.draft_dir) if spec else None,
         acceptance=rule if spec else "exact",
         asg_table=bundle.asg_table if spec and uses_asg_table(rule) else None,
         num_speculative_tokens=num_speculative_tokens if spec else 0, device=device, dtype=dtype,
