@@ -3,7 +3,8 @@
 Stages: corpus -> prepare (codebook, codes, vocabulary) -> train (target LM) -> decoder (codec conv
 decoder) -> durations (duration model) -> draft (distilled 1-layer Llama draft: the peers' benchmarks' and
 `--draft` alternative) -> head (the feature-head draft the bundle speculates with) -> voices (preset voices)
--> bundle (export) -> tables (ASG tables into the bundle and its manifest) -> eval. Working files live in
+-> bundle (export) -> self_distill (the head fine-tuned on the target's own samples, replacing the bundle's)
+-> tables (ASG tables into the bundle and its manifest) -> eval. Working files live in
 the run directory (git-ignored); the bundle is written to the model directory.
 """
 

@@ -1,13 +1,14 @@
 """Same draws: the shipped demo bundle, decoded with the server's default rule (PCG over the bundle's ASG
 table, γ = 3, the bundle's temperature) from fixed seeds, gives exactly the tokens, in exactly the steps,
 that the engine gave when these numbers were recorded (commit a77ce58, before the per-step operations moved
-to engine/ops; re-recorded for the bundle's second draft head, see EXPECTED_DIGEST). A change to how the constraint, softmax-and-draw or verify is computed, or to the order in
-which they draw their uniforms, shows up here as a different digest.
+to engine/ops; re-recorded for the bundle's second draft head, see EXPECTED_DIGEST). A change to how the
+constraint, softmax-and-draw or verify is computed, or to the order in which they draw their uniforms,
+shows up here as a different digest.
 
 The prompts cover the engine's paths: a batch of six (seeded rows, with their own generators, verified
 together; one unseeded row on the shared generator; one row with exact acceptance; one verifying two drafts
-instead of three) and a seeded request alone (batch 1). One of the rare draws that lands within float
-rounding of a step of a cumulative sum would tell the forms apart; none does in these 891 tokens."""
+instead of three) and a seeded request alone (batch 1). One of the rare draws that lands within float rounding
+of a step of a cumulative sum would tell the forms apart; none does in these 891 tokens."""
 
 from __future__ import annotations
 
