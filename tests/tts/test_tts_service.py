@@ -288,11 +288,13 @@ def test_requests_pick_their_asg_table_and_draft_length(demo_bundle, tmp_path):
         # one group over every token: P_c = Q_c = 1, so every draft is accepted
         assert asyncio.run(run(asg_table="everything")).acceptance_rate == 1.0
         assert asyncio.run(run()).acceptance_rate < 0.9
-        # γ = 1: each step verifies one draft and emits it or a replacement, plus a bonus when accepted
+        # γ = 1: a sentence's first token is its prefill's (no draft); every later step drafts one token and
+        # emits it or a replacement, plus a bonus when it is accepted; a sentence's last step may stop (its
+        # stop token) before that bonus
         one = asyncio.run(run(num_speculative_tokens=1))
-        assert one.drafted_tokens > 0
-        assert one.accepted_tokens + one.drafted_tokens - one.sentences <= one.generated_tokens
-        assert one.generated_tokens <= one.accepted_tokens + one.drafted_tokens
+        assert one.drafted_tokens > 0 and one.steps == one.drafted_tokens + one.sentences
+        assert one.accepted_tokens + one.drafted_tokens <= one.generated_tokens
+        assert one.generated_tokens <= one.accepted_tokens + one.drafted_tokens + one.sentences
     finally:
         service.close()
 
