@@ -30,12 +30,13 @@ def generate_sequences(bundle_dir: Path, count: int, out: Path, *, temperature: 
     """Decode `count` new sentences (cycling the preset voices) target-only; writes and returns a list of
     {"prompt": ids, "generated": ids}. Resumes from `out` (JSON lines) if it holds some already."""
     from pcgtts.engine import Engine, EngineConfig, SamplingParams
-    from pcgtts.recipes.demo.text_corpus import collect_sentences
+    from pcgtts.recipes.demo.text_corpus import collect_sentences, ensure_text_packages
     from pcgtts.tts.bundle import ModelBundle
 
     done = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if len(done) >= count:
         return done[:count]
+    ensure_text_packages()  # the stage may run on its own, on a machine that never ran stage corpus
     bundle = ModelBundle.from_dir(bundle_dir)
     family = bundle.load_family()
     presets = family.preset_voices()
