@@ -24,7 +24,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -165,10 +165,11 @@ def shown_path(path: Path) -> str:
         return Path(path).name
 
 
-def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens: int, seed: int = 0
-                    ) -> tuple[list[list[int]], list[SamplingParams]]:
-    """n speech requests of the bundle's family: SENTENCES[i] (cycled) in its i-th preset voice (cycled,
-    names sorted; none for a family without presets), seed + i, the family's stop tokens and constraint."""
+def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens: int, seed: int = 0,
+                    sentences: Sequence[str] = SENTENCES) -> tuple[list[list[int]], list[SamplingParams]]:
+    """n speech requests of the bundle's family: sentences[i] (cycled; default SENTENCES) in its i-th preset
+    voice (cycled, names sorted; none for a family without presets), seed + i, the family's stop tokens and
+    constraint."""
     from pcgtts.engine import SamplingParams
 
     family = bundle.load_family()
@@ -176,7 +177,7 @@ def speech_requests(bundle: ModelBundle, n: int, temperature: float, max_tokens:
     voices = sorted(presets)
     prompts, params = [], []
     for i in range(n):
-        prompt = family.build_prompt(SENTENCES[i % len(SENTENCES)], presets[voices[i % len(voices)]]
+        prompt = family.build_prompt(sentences[i % len(sentences)], presets[voices[i % len(voices)]]
                                      if voices else None)
         prompts.append(prompt.token_ids)
         params.append(SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i,

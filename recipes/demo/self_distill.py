@@ -29,7 +29,7 @@ def generate_sequences(bundle_dir: Path, count: int, out: Path, *, temperature: 
                        max_tokens: int = 400, batch_size: int = 16, seed: int = 0) -> list[dict]:
     """Decode `count` new sentences (cycling the preset voices) target-only; writes and returns a list of
     {"prompt": ids, "generated": ids}. Resumes from `out` (JSON lines) if it holds some already."""
-    from pcgtts.engine import Engine, EngineConfig, SamplingParams
+    from pcgtts.bench.common import bundle_engine, speech_requests
     from pcgtts.recipes.demo.text_corpus import collect_sentences, ensure_text_packages
     from pcgtts.tts.bundle import ModelBundle
 
@@ -38,22 +38,14 @@ def generate_sequences(bundle_dir: Path, count: int, out: Path, *, temperature: 
         return done[:count]
     ensure_text_packages()  # the stage may run on its own, on a machine that never ran stage corpus
     bundle = ModelBundle.from_dir(bundle_dir)
-    family = bundle.load_family()
-    presets = family.preset_voices()
-    voices = sorted(presets)
     sentences = collect_sentences(seed)[FIRST_SENTENCE:FIRST_SENTENCE + count]
-    engine = Engine(EngineConfig(target=bundle.target_dir, num_speculative_tokens=0,
-                                 max_num_seqs=batch_size))
+    all_prompts, all_params = speech_requests(bundle, count, temperature, max_tokens, seed,
+                                              sentences=sentences)
+    engine = bundle_engine(bundle, "target-only", max_num_seqs=batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("a") as f:
         for lo in range(len(done), count, batch_size):
-            prompts, params = [], []
-            for i in range(lo, min(count, lo + batch_size)):
-                prompt = family.build_prompt(sentences[i], presets[voices[i % len(voices)]])
-                prompts.append(prompt.token_ids)
-                params.append(SamplingParams(
-                    temperature=temperature, max_tokens=max_tokens, seed=seed + i,
-                    stop_token_ids=prompt.stop_token_ids, constraint=prompt.constraint))
+            prompts, params = all_prompts[lo:lo + batch_size], all_params[lo:lo + batch_size]
             for prompt_ids, gen in zip(prompts, engine.generate(prompts, params), strict=True):
                 row = {"prompt": list(prompt_ids), "generated": list(gen.token_ids)}
                 f.write(json.dumps(row) + "\n")
